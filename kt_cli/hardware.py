@@ -1,0 +1,189 @@
+"""The one place that reads facts about this machine: CPU features and whether
+the OS enables them, cores, NUMA nodes, RAM, GPUs, disk. Everything else asks here."""
+
+import os
+import platform
+import shutil
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import psutil
+
+# XCR0 bits: which register state the OS saves (Intel SDM vol. 1, 13.3)
+XCR0_AVX = 0b110                       # SSE + AVX (YMM upper halves)
+XCR0_AVX512 = 0b1110_0000              # opmask, ZMM0-15 upper, ZMM16-31
+XCR0_AMX = (1 << 17) | (1 << 18)       # TILECFG, TILEDATA
+
+_ALIASES = {
+    "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16",
+    "amx-tile": "amx_tile", "amx-int8": "amx_int8", "amx-bf16": "amx_bf16",
+    "amxtile": "amx_tile", "amxint8": "amx_int8", "amxbf16": "amx_bf16",
+}
+_AVX_FLAGS = {"avx", "avx2", "fma", "f16c"}
+_AMX_FLAGS = {"amx_tile", "amx_int8", "amx_bf16"}
+
+
+@dataclass(frozen=True)
+class CpuFacts:
+    brand: str
+    arch: str
+    flags: frozenset[str]              # what CPUID advertises
+    xcr0: int                          # what the OS enables (0 when unknown)
+    amx_permitted: bool                # Linux granted the AMX tile state
+    physical_cores: int
+    logical_cores: int
+    numa_nodes: int
+
+    @property
+    def os_avx(self) -> bool:
+        return self.xcr0 & XCR0_AVX == XCR0_AVX
+
+    @property
+    def os_avx512(self) -> bool:
+        return self.xcr0 & XCR0_AVX512 == XCR0_AVX512
+
+    @property
+    def os_amx(self) -> bool:
+        return self.xcr0 & XCR0_AMX == XCR0_AMX and self.amx_permitted
+
+    def usable(self) -> frozenset[str]:
+        """Flags the CPU has and the OS lets this process use."""
+        return frozenset(f for f in self.flags if self._os_enables(f))
+
+    def _os_enables(self, flag: str) -> bool:
+        if flag.startswith("avx512"):
+            return self.os_avx and self.os_avx512
+        if flag in _AMX_FLAGS:
+            return self.os_amx
+        if flag in _AVX_FLAGS:
+            return self.os_avx
+        return True
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+    capability: str
+
+
+@dataclass(frozen=True)
+class MemoryFacts:
+    total_bytes: int
+    available_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuSummary:
+    cuda_version: str | None
+    gpus: tuple[GpuFacts, ...] = field(default_factory=tuple)
+    error: str | None = None
+
+
+def normalise_flags(raw: set[str] | frozenset[str]) -> frozenset[str]:
+    return frozenset(_ALIASES.get(f.lower(), f.lower()) for f in raw)
+
+
+def _proc_cpuinfo() -> tuple[str, set[str]]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "", set()
+    brand, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not brand:
+            brand = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    return brand, flags
+
+
+def _py_cpuinfo() -> tuple[str, set[str]]:
+    try:
+        import cpuinfo
+        info = cpuinfo.get_cpu_info()
+    except Exception:
+        return "", set()
+    return info.get("brand_raw", ""), set(info.get("flags", []))
+
+
+def _numa_nodes() -> int:
+    nodes = Path("/sys/devices/system/node")
+    count = len(list(nodes.glob("node[0-9]*"))) if nodes.is_dir() else 0
+    return max(count, 1)
+
+
+def _xcr0_and_amx() -> tuple[int, bool]:
+    from . import kernels
+    lib = kernels.load_generic()
+    xcr0 = int(lib.kt_os_xcr0())
+    amx = xcr0 & XCR0_AMX == XCR0_AMX and lib.kt_amx_request_permission() == 0
+    return xcr0, amx
+
+
+@lru_cache(maxsize=1)
+def cpu() -> CpuFacts:
+    brand, proc_flags = _proc_cpuinfo()
+    py_brand, py_flags = _py_cpuinfo()
+    xcr0, amx = _xcr0_and_amx()
+    logical = psutil.cpu_count(logical=True) or 1
+    return CpuFacts(
+        brand=py_brand or brand or platform.processor() or "unknown",
+        arch=platform.machine().lower(),
+        flags=normalise_flags(proc_flags | py_flags),
+        xcr0=xcr0,
+        amx_permitted=amx,
+        physical_cores=psutil.cpu_count(logical=False) or logical,
+        logical_cores=logical,
+        numa_nodes=_numa_nodes(),
+    )
+
+
+def memory() -> MemoryFacts:
+    vm = psutil.virtual_memory()
+    return MemoryFacts(total_bytes=vm.total, available_bytes=vm.available)
+
+
+@lru_cache(maxsize=1)
+def gpus() -> GpuSummary:
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return GpuSummary(cuda_version=torch.version.cuda)
+        return GpuSummary(torch.version.cuda, tuple(_gpu(i) for i in range(torch.cuda.device_count())))
+    except Exception as exc:  # a broken driver must not stop the CPU path
+        return GpuSummary(cuda_version=None, error=str(exc).splitlines()[0])
+
+
+def _gpu(index: int) -> GpuFacts:
+    import torch
+    props = torch.cuda.get_device_properties(index)
+    free, total = torch.cuda.mem_get_info(index)
+    return GpuFacts(index, props.name, total, free, f"{props.major}.{props.minor}")
+
+
+def default_threads() -> int:
+    env = os.environ.get("KT_THREADS")
+    if env:
+        return max(1, int(env))
+    return cpu().physical_cores
+
+
+def kt_home() -> Path:
+    env = os.environ.get("KT_HOME")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "kt"
+
+
+def free_disk_bytes(path: Path) -> int:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free

@@ -1,0 +1,126 @@
+/* kt.h: the whole C ABI of kt's native kernels.
+ *
+ * This file is also the cffi cdef, so it holds declarations only: no #include,
+ * no #define, no inline code. <stdint.h> and <stddef.h> come from the build.
+ *
+ * Conventions
+ *   - Outputs first, then inputs, then sizes.
+ *   - A weight matrix W is (rows, cols), row-major; linear layers compute
+ *     out (m, rows) = x (m, cols) @ W^T, as torch.nn.Linear does.
+ *   - Every function that takes sizes checks their consistency and returns a
+ *     negative KT_E* code instead of touching memory when they do not add up.
+ *     Buffer lengths cannot be verified here: the Python wrappers in
+ *     kt_cli/ops/ check them against the tensors before every call.
+ */
+
+enum kt_status {
+    KT_OK = 0,
+    KT_EINVAL = -1,     /* sizes or formats that do not add up */
+    KT_ENOMEM = -2,
+    KT_EBUSY = -3,      /* an asynchronous job is still running on this pool */
+    KT_EUNSUPPORTED = -4
+};
+
+/* ---- identity -------------------------------------------------------------- */
+
+const char *kt_variant_name(void);      /* the variant this library was built as */
+int kt_abi_version(void);
+int kt_amx_request_permission(void);    /* Linux arch_prctl(ARCH_REQ_XCOMP_PERM); 0 ok */
+/* XCR0 (xgetbv 0): which register state the OS saves; 0 when OSXSAVE is off or not x86 */
+uint64_t kt_os_xcr0(void);
+
+/* ---- thread pool -------------------------------------------------------------
+ * Persistent workers; every parallel kernel below runs on one. n_threads counts
+ * the calling thread. A pool runs one job at a time. */
+
+typedef struct kt_pool kt_pool;
+
+kt_pool *kt_pool_new(int n_threads);
+void kt_pool_free(kt_pool *pool);
+int kt_pool_threads(const kt_pool *pool);
+
+/* ---- memory bandwidth probe ---------------------------------------------------
+ * Reads a private buffer of n_bytes `repeats` times across the pool's threads and
+ * returns the best pass in GB/s (1e9 bytes/s); negative on failure. */
+
+double kt_membw_read_gbps(kt_pool *pool, int64_t n_bytes, int repeats);
+
+/* ---- weight formats -------------------------------------------------------------
+ * The kt on-disk/in-memory layout "kt-q1" (see weights/layout.py):
+ *   KT_F32   data float[rows*cols]
+ *   KT_BF16  data uint16[rows*cols] (bfloat16 bits)
+ *   KT_F16   data uint16[rows*cols] (IEEE half bits)
+ *   KT_I8    data int8[rows*cols];  w = scale*q (+ min when min != NULL)
+ *   KT_I4    data uint8[rows*cols/2]; along each row, every 32 weights are one
+ *            16-byte block where byte j holds q[j] in its low nibble and q[j+16]
+ *            in its high nibble (q in 0..15);
+ *            w = scale*(q-8) when min == NULL, else w = scale*q + min
+ *   scale, min: float[rows * (cols/group)], one per group of `group` weights
+ *   along a row. I4: group % 32 == 0; I8: group % 16 == 0; cols % group == 0. */
+
+enum kt_format { KT_F32 = 0, KT_BF16 = 1, KT_F16 = 2, KT_I8 = 3, KT_I4 = 4 };
+
+typedef struct kt_matrix {
+    int32_t format;
+    int32_t group;          /* I8/I4 only; 0 for float formats */
+    int64_t rows;
+    int64_t cols;
+    const void *data;
+    const float *scale;
+    const float *min;
+} kt_matrix;
+
+/* ---- activation quantization ----------------------------------------------------
+ * Per-row symmetric INT8: x[r, :] ~= scale[r] * q[r, :], q in -127..127. */
+
+int kt_quantize_rows_f32_i8(int8_t *q, float *scale, const float *x, int64_t rows, int64_t n);
+
+/* ---- weight quantization (used by kt convert and the load-time repack) -----------
+ * Quantizes w (rows, cols) float32 into the I8 or I4 format of `dst`.
+ * dst->data, dst->scale (and dst->min when asymmetric) must be writable buffers
+ * of the sizes above; round-to-nearest. */
+
+int kt_quantize_matrix_f32(kt_pool *pool, const kt_matrix *dst, const float *w);
+
+/* ---- dense linear --------------------------------------------------------------
+ * out (m, w->rows) = x (m, w->cols) @ W^T, any format above. */
+
+int kt_linear_f32(kt_pool *pool, float *out, const float *x, int64_t m, const kt_matrix *w);
+
+/* ---- fused MoE experts ------------------------------------------------------------
+ * One MoE layer's routed experts. Expert e computes
+ *   y_e(x) = down_e( act(gate_e x) * (up_e x) )
+ * with act = SiLU, or for KT_ACT_SWIGLU_CLAMP: gate clamped to <= limit, up to
+ * [-limit, limit], act(g) = g * sigmoid(alpha * g), y uses (up + 1).
+ * The descriptor's matrices are borrowed: they must outlive the kt_moe. */
+
+enum kt_activation { KT_ACT_SILU = 0, KT_ACT_SWIGLU_CLAMP = 1 };
+
+typedef struct kt_moe_desc {
+    int32_t n_experts;
+    int32_t activation;
+    int64_t hidden;
+    int64_t inter;
+    float clamp_limit;      /* KT_ACT_SWIGLU_CLAMP only */
+    float alpha;            /* KT_ACT_SWIGLU_CLAMP only */
+    const kt_matrix *gate;  /* [n_experts], each (inter, hidden) */
+    const kt_matrix *up;    /* [n_experts], each (inter, hidden) */
+    const kt_matrix *down;  /* [n_experts], each (hidden, inter) */
+} kt_moe_desc;
+
+typedef struct kt_moe kt_moe;
+
+kt_moe *kt_moe_new(const kt_moe_desc *desc);  /* NULL when the descriptor is inconsistent */
+void kt_moe_free(kt_moe *moe);
+
+/* out (T, hidden) = sum_k weights[t, k] * y_{ids[t, k]}(x[t]) for x (T, hidden),
+ * ids and weights (T, K). ids < 0 are skipped (masked or device-resident experts).
+ * out is overwritten. */
+int kt_moe_forward(kt_pool *pool, kt_moe *moe, float *out, const float *x,
+                   const int32_t *ids, const float *weights, int64_t T, int64_t K);
+
+/* The same, asynchronous: returns at once while the pool's workers compute; the
+ * buffers must stay untouched until kt_moe_sync(pool) returns. */
+int kt_moe_submit(kt_pool *pool, kt_moe *moe, float *out, const float *x,
+                  const int32_t *ids, const float *weights, int64_t T, int64_t K);
+int kt_moe_sync(kt_pool *pool);

@@ -1,0 +1,170 @@
+"""The kt weight layout "kt-q1": how one quantized matrix is laid out in memory
+and on disk. native/include/kt.h describes the same layout for the C kernels;
+`QMatrix.dequantize` is its plain torch definition, used as the reference.
+
+A matrix W is (rows, cols); linear layers compute x @ W.T.
+  F32 / BF16 / F16  data (rows, cols) in that dtype
+  I8   data int8 (rows, cols);  w = scale*q (+ min)
+  I4   data uint8 (rows, cols/2); every 32 weights of a row are one 16-byte block,
+       byte j = q[j] | q[j+16] << 4, q in 0..15;
+       w = scale*(q-8) without min, w = scale*q + min with it
+  scale, min: float32 (rows, cols/group)
+"""
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+
+from .errors import WeightsError
+
+LAYOUT_TAG = "kt-q1"
+LAYOUT_VERSION = 1
+I4_BLOCK = 32
+
+
+class Format(IntEnum):
+    F32 = 0
+    BF16 = 1
+    F16 = 2
+    I8 = 3
+    I4 = 4
+
+    @property
+    def quantized(self) -> bool:
+        return self in (Format.I8, Format.I4)
+
+
+_FLOAT_DTYPES = {Format.F32: torch.float32, Format.BF16: torch.bfloat16, Format.F16: torch.float16}
+
+
+class LayoutError(WeightsError):
+    pass
+
+
+@dataclass
+class QMatrix:
+    format: Format
+    rows: int
+    cols: int
+    data: torch.Tensor
+    group: int = 0
+    scale: torch.Tensor | None = None
+    min: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.format = Format(self.format)
+        self.validate()
+
+    @property
+    def n_groups(self) -> int:
+        return self.cols // self.group if self.format.quantized else 0
+
+    def validate(self) -> None:
+        _check(self.rows > 0 and self.cols > 0, f"empty matrix {self.rows}x{self.cols}")
+        if self.format.quantized:
+            _validate_quantized(self)
+        else:
+            _expect(self.data, _FLOAT_DTYPES[self.format], (self.rows, self.cols), "data")
+
+    def nbytes(self) -> int:
+        tensors = (self.data, self.scale, self.min)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def dequantize(self) -> torch.Tensor:
+        if not self.format.quantized:
+            return self.data.float()
+        q = unpack_i4(self.data, self.cols) if self.format == Format.I4 else self.data.float()
+        scale = self.scale.repeat_interleave(self.group, dim=1)
+        if self.min is not None:
+            return q * scale + self.min.repeat_interleave(self.group, dim=1)
+        return (q - 8.0) * scale if self.format == Format.I4 else q * scale
+
+
+def _validate_quantized(m: QMatrix) -> None:
+    block = I4_BLOCK if m.format == Format.I4 else 16
+    _check(m.group > 0 and m.group % block == 0, f"group {m.group} is not a multiple of {block}")
+    _check(m.cols % m.group == 0, f"cols {m.cols} is not a multiple of group {m.group}")
+    if m.format == Format.I4:
+        _expect(m.data, torch.uint8, (m.rows, m.cols // 2), "data")
+    else:
+        _expect(m.data, torch.int8, (m.rows, m.cols), "data")
+    _expect(m.scale, torch.float32, (m.rows, m.n_groups), "scale")
+    if m.min is not None:
+        _expect(m.min, torch.float32, (m.rows, m.n_groups), "min")
+
+
+def _expect(t: torch.Tensor | None, dtype: torch.dtype, shape: tuple[int, int], what: str) -> None:
+    _check(t is not None, f"{what} is missing")
+    _check(t.dtype == dtype, f"{what} has dtype {t.dtype}, expected {dtype}")
+    _check(tuple(t.shape) == shape, f"{what} has shape {tuple(t.shape)}, expected {shape}")
+    _check(t.is_contiguous(), f"{what} is not contiguous")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise LayoutError(message)
+
+
+def pack_i4(q: torch.Tensor) -> torch.Tensor:
+    """q (rows, cols) integers in 0..15 -> packed uint8 (rows, cols/2)."""
+    rows, cols = q.shape
+    blocks = q.to(torch.uint8).reshape(rows, cols // I4_BLOCK, 2, I4_BLOCK // 2)
+    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(rows, cols // 2).contiguous()
+
+
+def unpack_i4(packed: torch.Tensor, cols: int) -> torch.Tensor:
+    """packed uint8 (rows, cols/2) -> float q (rows, cols) in 0..15."""
+    rows = packed.shape[0]
+    blocks = packed.reshape(rows, cols // I4_BLOCK, I4_BLOCK // 2)
+    low, high = blocks & 0x0F, blocks >> 4
+    return torch.cat([low, high], dim=2).reshape(rows, cols).float()
+
+
+def quantize_reference(w: torch.Tensor, fmt: Format, group: int, symmetric: bool = True) -> QMatrix:
+    """Round-to-nearest quantization in plain torch: the reference the native
+    quantizer is tested against, and the fallback for tiny tensors."""
+    rows, cols = w.shape
+    g = w.float().reshape(rows, cols // group, group)
+    if fmt == Format.I8:
+        return _quantize_i8(g, rows, cols, group, symmetric)
+    return _quantize_i4(g, rows, cols, group, symmetric)
+
+
+def _quantize_i8(g, rows, cols, group, symmetric):
+    if symmetric:
+        scale = g.abs().amax(dim=2) / 127.0
+        q = torch.round(g / _nonzero(scale)[..., None]).clamp(-127, 127)
+        return QMatrix(Format.I8, rows, cols, q.to(torch.int8).reshape(rows, cols), group,
+                       scale.contiguous())
+    lo, hi = g.amin(dim=2), g.amax(dim=2)
+    scale = (hi - lo) / 255.0
+    mn = lo + 128.0 * scale
+    q = torch.round((g - mn[..., None]) / _nonzero(scale)[..., None]).clamp(-128, 127)
+    return QMatrix(Format.I8, rows, cols, q.to(torch.int8).reshape(rows, cols), group,
+                   scale.contiguous(), mn.contiguous())
+
+
+def _quantize_i4(g, rows, cols, group, symmetric):
+    if symmetric:
+        amax_signed = _signed_absmax(g)
+        scale = amax_signed / -8.0
+        q = torch.round(g / _nonzero(scale)[..., None] + 8.0).clamp(0, 15)
+        return QMatrix(Format.I4, rows, cols, pack_i4(q.reshape(rows, cols)), group,
+                       scale.contiguous())
+    lo, hi = g.amin(dim=2), g.amax(dim=2)
+    scale = (hi - lo) / 15.0
+    q = torch.round((g - lo[..., None]) / _nonzero(scale)[..., None]).clamp(0, 15)
+    return QMatrix(Format.I4, rows, cols, pack_i4(q.reshape(rows, cols)), group,
+                   scale.contiguous(), lo.contiguous())
+
+
+def _signed_absmax(g: torch.Tensor) -> torch.Tensor:
+    # Q4_0 style: the value of largest magnitude maps to q = 0 (i.e. -8), so the
+    # full range -8..7 is used on the side that needs it.
+    idx = g.abs().argmax(dim=2, keepdim=True)
+    return torch.gather(g, 2, idx).squeeze(2)
+
+
+def _nonzero(scale: torch.Tensor) -> torch.Tensor:
+    return torch.where(scale == 0, torch.ones_like(scale), scale)
