@@ -1,0 +1,57 @@
+/* kt_internal.h: what the C source files share with each other (not part of the
+ * ABI in kt.h). Two contracts live here:
+ *   1. the thread pool's job interface (threadpool.c), used by every parallel op;
+ *   2. the matrix-rows kernel (linear.c), used by kt_linear_f32 and by the fused
+ *      MoE operator (moe.c): both reduce to "these rows of W times these tokens". */
+#ifndef KT_INTERNAL_H
+#define KT_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "kt.h"
+
+/* ---- thread pool jobs ----------------------------------------------------------
+ * kt_pool_run calls fn(ctx, task, thread) once for every task in [0, n_tasks),
+ * tasks handed out dynamically (atomic counter) across the pool's threads, the
+ * caller included; returns when all tasks are done. thread is in
+ * [0, kt_pool_threads(pool)) and indexes per-thread scratch. */
+typedef void (*kt_task_fn)(void *ctx, int64_t task, int thread);
+
+void kt_pool_run(kt_pool *pool, kt_task_fn fn, void *ctx, int64_t n_tasks);
+
+/* Asynchronous form: returns at once; the pool's workers (not the caller) run the
+ * tasks. kt_pool_wait blocks until they are done. KT_EBUSY if a job is running. */
+int kt_pool_run_async(kt_pool *pool, kt_task_fn fn, void *ctx, int64_t n_tasks);
+int kt_pool_wait(kt_pool *pool);
+
+/* ---- activations prepared for one weight format ------------------------------------
+ * m token rows of length cols, converted once per (tokens, format) so every row
+ * block of W reuses them: float formats use f32 (or bf16 for BF16 weights where
+ * the ISA has a bf16 dot product), I8/I4 use per-token int8 with per-group sums
+ * (needed for the zero-point/min term of asymmetric formats). */
+typedef struct kt_acts {
+    int64_t m;
+    int64_t cols;
+    int32_t format;        /* the weight format these were prepared for */
+    int32_t group;
+    const float *f32;      /* [m, cols] */
+    uint16_t *bf16;        /* [m, cols] or NULL */
+    int8_t *q;             /* [m, cols] or NULL */
+    float *q_scale;        /* [m] */
+    float *q_group_sum;    /* [m, cols/group]: sum of q over each group, as float */
+} kt_acts;
+
+/* Bytes of scratch kt_acts_prepare needs for m rows against matrix w. */
+size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m);
+/* Fills acts from x [m, w->cols] using `scratch` (kt_acts_scratch_bytes long, 64-byte aligned). */
+int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w, void *scratch);
+
+/* out[i * ldo + (r - r0)] = dot(W row r, token i) for i in [0, acts->m), r in [r0, r1).
+ * Single-threaded: callers split rows (and experts) across the pool. */
+void kt_matrix_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                        const kt_acts *acts);
+
+/* Checks a matrix descriptor's internal consistency (format, group, sizes). */
+int kt_matrix_check(const kt_matrix *w);
+
+#endif
