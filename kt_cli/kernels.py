@@ -117,3 +117,23 @@ def load() -> Kernels:
     chosen = selection()
     module = _import(chosen.variant)
     return Kernels(chosen.variant.name, chosen.reason, module.ffi, module.lib)
+
+
+def runnable_built() -> list[str]:
+    """Every built variant this host can run, lowest score first."""
+    from . import hardware
+    facts = hardware.cpu()
+    built = built_variants()
+    return [v.name for v in VARIANTS
+            if v.name in built and judge(v, facts.usable(), facts.arch, True).runnable]
+
+
+@lru_cache(maxsize=None)
+def load_variant(name: str) -> Kernels:
+    """Load one named variant (tests run every kernel on each), refusing what the CPU cannot run."""
+    from . import hardware
+    facts = hardware.cpu()
+    chosen = _forced(name, tuple(judge(v, facts.usable(), facts.arch, v.name in built_variants())
+                                 for v in VARIANTS))
+    module = _import(chosen.variant)
+    return Kernels(name, chosen.reason, module.ffi, module.lib)
