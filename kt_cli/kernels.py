@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kt_native.variants import VARIANTS, Variant, by_name, module_name
+from kt_native.variants import VARIANTS, Variant, by_name, module_name  # noqa: F401 (by_name re-exported)
 
 from .errors import KernelLoadError
 
