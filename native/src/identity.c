@@ -1,6 +1,7 @@
 /* identity.c: what this build is, so the loader can confirm it loaded the
  * variant it asked for, and the AMX permission request Linux requires. */
 
+#define _GNU_SOURCE
 #include <stdint.h>
 #include "kt.h"
 
