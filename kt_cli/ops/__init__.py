@@ -10,4 +10,78 @@ API (implemented in this package's modules):
   MoEExperts(gate, up, down, activation="silu", clamp_limit=0.0, alpha=1.0)
       .forward(x [T, H] f32, ids [T, K] int32, weights [T, K] f32) -> [T, H] f32
       .submit(x, ids, weights) -> MoEJob;  MoEJob.wait() -> [T, H] f32
+
+The module-level functions run on the default variant (kernels.load()); Ops binds
+the same API to one variant, e.g. Ops(kernels.load_variant("avx2")) in tests.
+Note: the functions `pool` and `linear` shadow the submodules of the same name
+as attributes of this package; import from the submodules with
+`from kt_cli.ops.pool import Pool`, never `from kt_cli.ops import pool as module`.
 """
+
+from functools import cached_property, lru_cache
+
+import torch
+
+from kt_weights.layout import Format, QMatrix
+
+from .. import hardware
+from ..kernels import Kernels, load
+from . import linear as _linear
+from . import membw as _membw
+from . import quant as _quant
+from .ffi_args import OpError
+from .pool import Pool
+
+
+class Ops:
+    """The kernel API bound to one loaded variant and one pool of `threads` threads."""
+
+    def __init__(self, kernels: Kernels, threads: int | None = None):
+        self.kernels = kernels
+        self.threads = threads if threads is not None else hardware.default_threads()
+
+    @cached_property
+    def pool(self) -> Pool:
+        return Pool(self.kernels, self.threads)
+
+    def linear(self, x: torch.Tensor, w: QMatrix) -> torch.Tensor:
+        return _linear.linear(self.pool, x, w)
+
+    def quantize(self, w: torch.Tensor, fmt: Format, group: int, symmetric: bool = True) -> QMatrix:
+        return _quant.quantize(self.pool, w, fmt, group, symmetric)
+
+    def quantize_rows_i8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _quant.quantize_rows_i8(self.kernels, x)
+
+    def membw_read_gbps(self, n_bytes: int = _membw.DEFAULT_BYTES,
+                        repeats: int = _membw.DEFAULT_REPEATS) -> float:
+        return _membw.membw_read_gbps(self.pool, n_bytes, repeats)
+
+
+@lru_cache(maxsize=1)
+def default() -> Ops:
+    return Ops(load())
+
+
+def pool() -> Pool:
+    return default().pool
+
+
+def linear(x: torch.Tensor, w: QMatrix) -> torch.Tensor:
+    return default().linear(x, w)
+
+
+def quantize(w: torch.Tensor, fmt: Format, group: int, symmetric: bool = True) -> QMatrix:
+    return default().quantize(w, fmt, group, symmetric)
+
+
+def quantize_rows_i8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return default().quantize_rows_i8(x)
+
+
+def membw_read_gbps(n_bytes: int = _membw.DEFAULT_BYTES, repeats: int = _membw.DEFAULT_REPEATS) -> float:
+    return default().membw_read_gbps(n_bytes, repeats)
+
+
+__all__ = ["Ops", "OpError", "Pool", "default", "pool", "linear", "quantize", "quantize_rows_i8",
+           "membw_read_gbps"]

@@ -1,0 +1,71 @@
+"""Checks and conversions for every argument handed to the native kernels:
+tensors are checked for device, dtype, shape and contiguity before their
+pointer is taken, and negative status codes become OpError."""
+
+import torch
+
+from kt_weights.errors import WeightsError
+from kt_weights.layout import QMatrix
+
+from ..errors import KtError
+
+STATUS_NAMES = {-1: "invalid sizes or format", -2: "out of memory",
+                -3: "busy: an asynchronous job is still running", -4: "unsupported"}
+
+
+class OpError(KtError):
+    pass
+
+
+def check(ok: bool, message: str) -> None:
+    if not ok:
+        raise OpError(message)
+
+
+def check_status(rc: int, what: str) -> int:
+    if rc < 0:
+        raise OpError(f"{what} failed: {STATUS_NAMES.get(rc, f'status {rc}')}")
+    return rc
+
+
+def check_tensor(t, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> None:
+    check(isinstance(t, torch.Tensor), f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    check(t.device.type == "cpu", f"{what} is on {t.device}, expected cpu")
+    check(t.dtype == dtype, f"{what} has dtype {t.dtype}, expected {dtype}")
+    check(tuple(t.shape) == tuple(shape), f"{what} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    check(t.is_contiguous(), f"{what} is not contiguous")
+
+
+def pointer(ffi, t: torch.Tensor, ctype: str):
+    """Raw pointer to a checked tensor; the caller keeps `t` alive during the call."""
+    return ffi.cast(ctype, t.data_ptr())
+
+
+def matrix_2d(t, dtype: torch.dtype, what: str) -> tuple[int, int]:
+    check(isinstance(t, torch.Tensor) and t.dim() == 2,
+          f"{what} must be a 2-D tensor, got {_shape_of(t)}")
+    check(t.shape[0] >= 1 and t.shape[1] >= 1, f"{what} is empty: shape {tuple(t.shape)}")
+    check_tensor(t, dtype, tuple(t.shape), what)
+    return int(t.shape[0]), int(t.shape[1])
+
+
+def kt_matrix(ffi, w: QMatrix, what: str = "weight"):
+    """A kt_matrix descriptor borrowing w's tensors (keep w alive while it is used)."""
+    check(isinstance(w, QMatrix), f"{what} must be a kt_weights QMatrix, got {type(w).__name__}")
+    try:
+        w.validate()
+    except WeightsError as exc:
+        raise OpError(f"{what}: {exc}") from None
+    for name in ("data", "scale", "min"):
+        t = getattr(w, name)
+        check(t is None or t.device.type == "cpu", f"{what}.{name} is on {t.device if t is not None else ''}, expected cpu")
+    desc = ffi.new("kt_matrix *")
+    desc.format, desc.group, desc.rows, desc.cols = int(w.format), int(w.group), w.rows, w.cols
+    desc.data = pointer(ffi, w.data, "const void *")
+    desc.scale = pointer(ffi, w.scale, "const float *") if w.scale is not None else ffi.NULL
+    desc.min = pointer(ffi, w.min, "const float *") if w.min is not None else ffi.NULL
+    return desc
+
+
+def _shape_of(t) -> str:
+    return f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__

@@ -1,0 +1,152 @@
+/* simd_int.h: row kernels for the integer weight formats (I8, I4), included by
+ * linear.c only. Dequantize-free: weight codes meet the per-token int8
+ * activations in integer dot products, scaled once per group.
+ *
+ * Maths, for token t with x[t] ~= sa * qa (kt_acts) and one weight group g of
+ * row r with scale s, min mn (asymmetric) and codes qw:
+ *   I8 symmetric    w = s*qw          dot_g = s * sum(qw*qa)
+ *   I8 asymmetric   w = s*qw + mn     dot_g = s * sum(qw*qa) + mn * sum(qa)
+ *   I4 symmetric    w = s*(qw - 8)    dot_g = s * sum(qw*qa) - 8*s * sum(qa)
+ *   I4 asymmetric   w = s*qw + mn     dot_g = s * sum(qw*qa) + mn * sum(qa)
+ *   out = sa * sum_g dot_g;  sum(qa) per group is kt_acts.q_group_sum.
+ *
+ * Integer products (x86): vpmaddubsw multiplies unsigned bytes by signed bytes,
+ * adding pairs into int16; I4 codes are 0..15 already unsigned (pair sums
+ * <= 2*15*127), I8 codes become |qw| with the sign moved onto qa (vpsignb; pair
+ * sums <= 2*128*127 < 32767, no saturation). vpmaddwd by 1 widens to int32.
+ * With AVX512-VNNI, vpdpbusd does all three steps in one instruction.
+ */
+#ifndef KT_SIMD_INT_H
+#define KT_SIMD_INT_H
+
+#include "kt_internal.h"
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#ifndef KT_INLINE
+#define KT_INLINE static inline __attribute__((always_inline))
+#endif
+
+#if defined(__AVX2__)
+typedef __m256i vi;
+typedef __m256 vacc;
+#define vacc_zero() _mm256_setzero_ps()
+
+KT_INLINE __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s)
+{
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    __m256i pairs = _mm256_maddubs_epi16(u, s);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#endif
+}
+
+KT_INLINE float vacc_hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+KT_INLINE __m256 vacc_add_scaled(__m256 acc, __m256i isum, float scale)
+{
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(scale), acc);
+}
+
+/* One group [k0, k0 + group) of one row against TT tokens of q (row stride cols). */
+KT_INLINE void group_dot(vi *isum, const void *row, const int8_t *q, int64_t cols,
+                         int64_t k0, int64_t group, const int TT, const int32_t fmt)
+{
+    for (int t = 0; t < TT; t++)
+        isum[t] = _mm256_setzero_si256();
+    int64_t k = k0, end = k0 + group;
+    if (fmt == KT_I4) {
+        const __m256i low4 = _mm256_set1_epi8(0x0F);
+        for (; k < end; k += 32) {
+            __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2));
+            __m256i wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), low4);
+            for (int t = 0; t < TT; t++) {
+                __m256i a = _mm256_loadu_si256((const __m256i *)(q + t * cols + k));
+                isum[t] = dot_u8s8(isum[t], wv, a);
+            }
+        }
+        return;
+    }
+    const int8_t *w8 = (const int8_t *)row;
+    for (; k < end; k += 32) {
+        int half = end - k < 32;        /* a 16-wide tail when group % 32 == 16 */
+        __m256i wv = half ? _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(w8 + k)))
+                          : _mm256_loadu_si256((const __m256i *)(w8 + k));
+        __m256i u = _mm256_sign_epi8(wv, wv);
+        for (int t = 0; t < TT; t++) {
+            const int8_t *qt = q + t * cols + k;
+            __m256i a = half ? _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)qt))
+                             : _mm256_loadu_si256((const __m256i *)qt);
+            isum[t] = dot_u8s8(isum[t], u, _mm256_sign_epi8(a, wv));
+        }
+    }
+}
+
+#else /* portable */
+typedef int32_t vi;
+typedef float vacc;
+#define vacc_zero() 0.0f
+#define vacc_hsum(v) (v)
+#define vacc_add_scaled(acc, isum, scale) ((acc) + (float)(isum) * (scale))
+
+KT_INLINE int code_at(const void *row, int64_t k, int32_t fmt)
+{
+    if (fmt == KT_I8)
+        return ((const int8_t *)row)[k];
+    /* 32-weight block: byte j holds q[j] (low nibble) and q[j+16] (high nibble) */
+    uint8_t byte = ((const uint8_t *)row)[(k / 32) * 16 + (k % 16)];
+    return (k % 32) < 16 ? (byte & 0x0F) : (byte >> 4);
+}
+
+KT_INLINE void group_dot(vi *isum, const void *row, const int8_t *q, int64_t cols,
+                         int64_t k0, int64_t group, const int TT, const int32_t fmt)
+{
+    for (int t = 0; t < TT; t++)
+        isum[t] = 0;
+    for (int64_t k = k0; k < k0 + group; k++) {
+        int c = code_at(row, k, fmt);
+        for (int t = 0; t < TT; t++)
+            isum[t] += c * q[t * cols + k];
+    }
+}
+#endif
+
+/* One weight row r against tokens [t0, t0 + TT): out[t * ldo] for each token. */
+KT_INLINE void int_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r,
+                        const kt_acts *a, int64_t t0, const int TT, const int32_t fmt, const int asym)
+{
+    int64_t cols = w->cols, group = w->group, n_groups = cols / group;
+    int64_t row_bytes = fmt == KT_I4 ? cols / 2 : cols;
+    const void *row = (const uint8_t *)w->data + r * row_bytes;
+    const float *scale = w->scale + r * n_groups;
+    const float *min = asym ? w->min + r * n_groups : NULL;
+    const int8_t *q = a->q + t0 * cols;
+    const float *gsum = a->q_group_sum + t0 * n_groups;
+    vacc acc[4];
+    float corr[4];
+    vi isum[4];
+    for (int t = 0; t < TT; t++) {
+        acc[t] = vacc_zero();
+        corr[t] = 0.0f;
+    }
+    for (int64_t g = 0; g < n_groups; g++) {
+        group_dot(isum, row, q, cols, g * group, group, TT, fmt);
+        float c = asym ? min[g] : (fmt == KT_I4 ? -8.0f * scale[g] : 0.0f);
+        for (int t = 0; t < TT; t++) {
+            acc[t] = vacc_add_scaled(acc[t], isum[t], scale[g]);
+            corr[t] += c * gsum[t * n_groups + g];
+        }
+    }
+    for (int t = 0; t < TT; t++)
+        out[t * ldo] = a->q_scale[t0 + t] * (vacc_hsum(acc[t]) + corr[t]);
+}
+
+#endif
