@@ -1,0 +1,75 @@
+"""Scheduled chunks -> ForwardBatch -> model -> logits -> sampled tokens. Owns the KV cache."""
+
+from typing import Protocol
+
+import torch
+
+from ..errors import KtError
+from ..layers.sampler import Sampler
+from .forward_batch import ForwardBatch, KVCache, KVSpec
+from .scheduler import ScheduledChunk
+
+
+class CausalLM(Protocol):
+    def kv_specs(self) -> list[KVSpec]: ...
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor: ...
+
+
+def kv_bytes_per_token(specs: list[KVSpec]) -> int:
+    return sum(spec.bytes_per_token() for spec in specs)
+
+
+def blocks_in_budget(specs: list[KVSpec], block_size: int, budget_bytes: int) -> int:
+    return budget_bytes // (block_size * kv_bytes_per_token(specs))
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, block_size: int, num_blocks: int, sampler: Sampler,
+                 device: torch.device | str = "cpu"):
+        if num_blocks < 1:
+            raise KtError("the KV cache budget holds no block at all; raise kv_memory_gb")
+        self.model = model
+        self.sampler = sampler
+        self.device = torch.device(device)
+        self.kv = KVCache.allocate(model.kv_specs(), block_size, num_blocks, self.device)
+
+    @torch.inference_mode()
+    def run(self, chunks: list[ScheduledChunk]) -> list[int]:
+        """One step; returns the next token of each chunk that reaches its sequence's end, in order."""
+        sampling = [chunk for chunk in chunks if chunk.samples]
+        logits = self.model.forward(self.build_batch(chunks, all_rows=False))   # [R, V]
+        return self.sampler(logits, [chunk.seq for chunk in sampling])
+
+    @torch.inference_mode()
+    def logits(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """Logits at every scheduled position: [N, V], rows in chunk order."""
+        return self.model.forward(self.build_batch(chunks, all_rows=True)).float()
+
+    def build_batch(self, chunks: list[ScheduledChunk], all_rows: bool) -> ForwardBatch:
+        input_ids, positions, slots, logits_rows = [], [], [], []
+        q_start, context_lens, block_tables = [0], [], []
+        for chunk in chunks:
+            seq, start = chunk.seq, chunk.start
+            end = start + chunk.num_tokens
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(self._slots(seq.block_table, start, end))
+            if all_rows:
+                logits_rows.extend(range(q_start[-1], q_start[-1] + chunk.num_tokens))
+            elif chunk.samples:
+                logits_rows.append(q_start[-1] + chunk.num_tokens - 1)
+            q_start.append(q_start[-1] + chunk.num_tokens)
+            context_lens.append(end)
+            block_tables.append(list(seq.block_table))
+        return ForwardBatch(
+            input_ids=self._tensor(input_ids), positions=self._tensor(positions),
+            q_start=q_start, context_lens=context_lens, block_tables=block_tables,
+            slot_mapping=self._tensor(slots), logits_rows=self._tensor(logits_rows), kv=self.kv)
+
+    def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
+        size = self.kv.block_size
+        return [block_table[p // size] * size + p % size for p in range(start, end)]
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=self.device)

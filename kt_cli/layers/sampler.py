@@ -1,0 +1,94 @@
+"""Next-token choice for a batch of sequences, each with its own sampling parameters.
+
+Order of transforms (vLLM's): penalties on raw logits -> greedy rows take the argmax ->
+temperature -> top-k -> top-p -> min-p -> one draw per row from its own generator.
+"""
+
+from typing import Protocol
+
+import torch
+
+from ..engine.sampling_params import SamplingParams
+
+
+class SamplingState(Protocol):
+    """What the sampler reads from a sequence (kt_cli.engine.sequence.Sequence fits)."""
+    params: SamplingParams
+    token_ids: list[int]
+    num_prompt_tokens: int
+    generator: torch.Generator | None
+
+
+class Sampler:
+    def __init__(self, generator: torch.Generator | None = None):
+        self.generator = generator
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingState]) -> list[int]:
+        logits = apply_penalties(logits.float(), rows)   # [B, V]
+        chosen = [0] * len(rows)
+        greedy = [i for i, row in enumerate(rows) if row.params.greedy]
+        random = [i for i, row in enumerate(rows) if not row.params.greedy]
+        if greedy:
+            for i, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist()):
+                chosen[i] = token
+        if random:
+            probs = filtered_probs(logits[random], [rows[i].params for i in random])
+            for i, row_probs in zip(random, probs):
+                chosen[i] = self._draw(row_probs, rows[i].generator)
+        return chosen
+
+    def _draw(self, probs: torch.Tensor, generator: torch.Generator | None) -> int:
+        return int(torch.multinomial(probs, 1, generator=generator or self.generator))
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[SamplingState]) -> torch.Tensor:
+    """Repetition penalty over prompt + generated tokens (divide positive logits, multiply
+    negative ones); presence and frequency penalties over generated tokens only:
+    logit -= frequency * count + presence * (count > 0)."""
+    if not any(row.params.has_penalties for row in rows):
+        return logits
+    logits = logits.clone()
+    for i, row in enumerate(rows):
+        params = row.params
+        if params.repetition_penalty != 1.0:
+            _repetition_penalty(logits[i], row.token_ids, params.repetition_penalty)
+        if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
+            generated = row.token_ids[row.num_prompt_tokens:]
+            counts = torch.bincount(torch.tensor(generated, dtype=torch.int64),
+                                    minlength=logits.shape[-1]).to(logits.dtype)
+            logits[i] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    return logits
+
+
+def _repetition_penalty(logits: torch.Tensor, token_ids: list[int], penalty: float) -> None:
+    seen = torch.tensor(sorted(set(token_ids)), dtype=torch.int64)
+    values = logits[seen]
+    logits[seen] = torch.where(values > 0, values / penalty, values * penalty)
+
+
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """[B, V] logits -> [B, V] probabilities after temperature, top-k, top-p and min-p."""
+    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+    logits = logits / temperature[:, None]
+    if all(p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0 for p in params):
+        return torch.softmax(logits, dim=-1)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    sorted_probs = _filter_sorted(sorted_logits, params)
+    return torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
+
+
+def _filter_sorted(sorted_logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Filters on logits sorted in descending order; returns renormalised probabilities."""
+    vocab = sorted_logits.shape[-1]
+    rank = torch.arange(vocab)
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
+    sorted_logits = sorted_logits.masked_fill(rank[None, :] >= top_k[:, None], float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], dtype=probs.dtype)
+    mass_before = probs.cumsum(dim=-1) - probs
+    probs = probs.masked_fill(mass_before >= top_p[:, None], 0.0)
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype)
+    probs = probs.masked_fill(probs < min_p[:, None] * probs[:, :1], 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
