@@ -1,0 +1,56 @@
+"""Linear layers over a stored QMatrix. On the CPU the matrix stays in its stored
+format (zero-copy) and runs through kt's kernels; on a GPU it is dequantized once
+into the compute dtype and runs through torch."""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kt_weights.layout import QMatrix
+
+from .. import ops
+from ..errors import ModelError
+
+COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the torch side of a model runs, and in which dtype."""
+    device: torch.device
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        if self.dtype not in COMPUTE_DTYPES:
+            raise ModelError(f"compute dtype {self.dtype} unsupported; use float32, bfloat16 or float16")
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device.type == "cpu"
+
+    def put(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=self.device, dtype=self.dtype)
+
+
+def cpu_linear(x: torch.Tensor, w: QMatrix) -> torch.Tensor:
+    """x [m, cols] f32 @ w.T -> [m, rows] f32, in w's stored format."""
+    return ops.linear(x, w)
+
+
+class Linear(torch.nn.Module):
+    def __init__(self, weight: QMatrix, bias: torch.Tensor | None, target: Target):
+        super().__init__()
+        self.rows, self.cols = weight.rows, weight.cols
+        self.target = target
+        self.qweight = weight if target.on_cpu else None
+        self.weight = None if target.on_cpu else target.put(weight.dequantize())
+        self.bias = None if bias is None else target.put(bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., cols] -> [..., rows]"""
+        if self.qweight is None:
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(-1, self.cols).to(torch.float32).contiguous()
+        y = cpu_linear(flat, self.qweight).to(x.dtype).reshape(*x.shape[:-1], self.rows)
+        return y if self.bias is None else y + self.bias

@@ -1,0 +1,87 @@
+"""CausalLM: the decoder-only skeleton every architecture shares.
+
+forward(ForwardBatch): embed input_ids [N] -> per layer h += attn(norm(h)), h += mlp(norm(h))
+-> final norm on batch.logits_rows -> lm_head -> logits [R, vocab] float32.
+Each architecture subclass parses its config and builds its attention and MLP per layer."""
+
+import torch
+
+from ..engine.forward_batch import ForwardBatch, KVSpec
+from ..errors import ModelError
+from ..layers.attention import AttentionContext
+from ..layers.embedding import Embedding
+from ..layers.linear import Linear
+from ..layers.rope import RopeSpec, Rotary
+from .config import ModelConfig
+from .loader import Weights
+from .options import ModelOptions
+
+
+class DecoderLayer(torch.nn.Module):
+    def __init__(self, attn: torch.nn.Module, mlp: torch.nn.Module, input_norm, post_norm):
+        super().__init__()
+        self.attn, self.mlp, self.input_norm, self.post_norm = attn, mlp, input_norm, post_norm
+
+    def forward(self, h: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        h = h + self.attn(self.input_norm(h), ctx)
+        return h + self.mlp(self.post_norm(h))
+
+
+class CausalLM(torch.nn.Module):
+    def __init__(self, config: ModelConfig, options: ModelOptions, w: Weights):
+        super().__init__()
+        self.config, self.options = config, options
+        self.rotary = Rotary(self.rope_spec(config), options.target().device)
+        self.embed = Embedding(w.matrix("model.embed_tokens.weight"), w.target)
+        self.layers = torch.nn.ModuleList(self._layer(w, i) for i in range(config.num_layers))
+        self.norm = w.norm("model.norm", config.rms_norm_eps)
+        self.lm_head = self._lm_head(w)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt, options: ModelOptions) -> "CausalLM":
+        config = cls.parse_config(ckpt.config)
+        return cls(config, options, Weights(ckpt, options.target(), config.architecture))
+
+    @classmethod
+    def parse_config(cls, hf: dict) -> ModelConfig:
+        raise NotImplementedError
+
+    def rope_spec(self, config: ModelConfig) -> RopeSpec:
+        return config.rope
+
+    def build_attention(self, w: Weights, layer: int) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def build_mlp(self, w: Weights, layer: int) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def kv_specs(self) -> list[KVSpec]:
+        return [layer.attn.kv_spec(self.options.dtype) for layer in self.layers]
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """-> logits [R, vocab] float32 for batch.logits_rows"""
+        self._check(batch)
+        ctx = AttentionContext.build(batch, self.rotary)
+        h = self.embed(batch.input_ids)
+        for layer in self.layers:
+            h = layer(h, ctx)
+        h = self.norm(h[batch.logits_rows.to(h.device)])
+        return self.lm_head(h).to(torch.float32)
+
+    def _layer(self, w: Weights, i: int) -> DecoderLayer:
+        eps, prefix = self.config.rms_norm_eps, f"model.layers.{i}"
+        return DecoderLayer(self.build_attention(w, i), self.build_mlp(w, i),
+                             w.norm(f"{prefix}.input_layernorm", eps),
+                             w.norm(f"{prefix}.post_attention_layernorm", eps))
+
+    def _lm_head(self, w: Weights) -> Linear:
+        if self.config.tie_word_embeddings or not w.has("lm_head.weight"):
+            return Linear(w.matrix("model.embed_tokens.weight"), None, w.target)
+        return w.linear("lm_head")
+
+    def _check(self, batch: ForwardBatch) -> None:
+        if len(batch.kv.layers) != self.config.num_layers:
+            raise ModelError(f"KV cache has {len(batch.kv.layers)} layers, model has {self.config.num_layers}")
+        if len(batch.q_start) != batch.num_seqs + 1 or batch.q_start[-1] != batch.input_ids.numel():
+            raise ModelError(f"q_start {batch.q_start[:4]}... does not cover {batch.input_ids.numel()} tokens")
