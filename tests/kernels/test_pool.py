@@ -1,0 +1,50 @@
+"""The thread pool's job API (kt_pool_run / _async / _wait) is internal to the C
+library, so a small C harness drives native/src/threadpool.c directly."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kt_cli.errors import KtError
+from kt_cli.ops import Pool
+
+HERE = Path(__file__).resolve().parent
+NATIVE = HERE.parents[1] / "native"
+
+
+@pytest.fixture(scope="module")
+def harness_lines(tmp_path_factory) -> list[str]:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("needs a C compiler (cc) to build the pool harness")
+    exe = tmp_path_factory.mktemp("pool") / "pool_harness"
+    subprocess.run([cc, "-O2", "-std=c11", "-pthread", "-Wall", "-I", str(NATIVE / "include"),
+                    "-I", str(NATIVE / "src"), str(HERE / "pool_harness.c"),
+                    str(NATIVE / "src" / "threadpool.c"), "-o", str(exe)], check=True)
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True)
+    return result.stdout.splitlines()
+
+
+CHECKS = [f"{kind} threads={n}" for n in (1, 2, 3, 8) for kind in ("sync repeated", "async", "async then sync")]
+CHECKS += [f"sync threads={n} tasks={t}" for n in (1, 2, 3, 8) for t in (0, 1, 2, 7, 64, 5000)]
+CHECKS += ["bad sizes"]
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_pool_harness(harness_lines, check):
+    failures = [line for line in harness_lines if line.startswith(f"FAIL {check}")]
+    assert not failures, failures
+    assert f"ok {check}" in harness_lines
+
+
+@pytest.mark.parametrize("threads", [0, -1, 5000, 2.0])
+def test_python_pool_rejects_bad_thread_counts(ops, threads):
+    with pytest.raises(KtError):
+        Pool(ops.kernels, threads)
+
+
+def test_python_pool_reports_threads(ops):
+    assert Pool(ops.kernels, 2).threads == 2
+    assert ops.kernels.lib.kt_pool_threads(ops.pool.handle) == ops.threads
