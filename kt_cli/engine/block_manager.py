@@ -23,6 +23,15 @@ class EvictionListener(Protocol):
     def block_evicted(self, block_hash: bytes, token_ids: tuple[int, ...], block_id: int) -> None: ...
 
 
+class PrefixSource(Protocol):
+    """A slower tier that may still hold a block the pool has evicted; restore_block copies
+    it into pool block block_id and says whether it could."""
+
+    def has_block(self, block_hash: bytes) -> bool: ...
+
+    def restore_block(self, block_hash: bytes, token_ids: tuple[int, ...], block_id: int) -> bool: ...
+
+
 @dataclass
 class Block:
     block_id: int
@@ -45,6 +54,8 @@ class BlockManager:
         self.block_size = block_size
         self.prefix_caching = prefix_caching
         self.eviction_listener = eviction_listener
+        self.prefix_source: PrefixSource | None = None
+        self.num_restored_blocks = 0
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_plain: deque[int] = deque(range(num_blocks))
         self.free_cached: OrderedDict[int, None] = OrderedDict()
@@ -96,7 +107,10 @@ class BlockManager:
             return []
         matched = []
         for index in range((len(seq) - 1) // self.block_size):
-            block_id = self.hash_to_block.get(self._seq_block_hash(seq, index))
+            block_hash = self._seq_block_hash(seq, index)
+            block_id = self.hash_to_block.get(block_hash)
+            if block_id is None:
+                block_id = self._restore(block_hash, tuple(seq.block_tokens(index)), set(matched))
             if block_id is None or self.blocks[block_id].token_ids != tuple(seq.block_tokens(index)):
                 break
             matched.append(block_id)
@@ -121,6 +135,34 @@ class BlockManager:
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             seq.block_hashes.append(chain_hash(parent, seq.block_tokens(len(seq.block_hashes))))
         return seq.block_hashes[index]
+
+    def _restore(self, block_hash: bytes, token_ids: tuple[int, ...], keep: set[int]) -> int | None:
+        """Bring a block back from the prefix source into a free pool block (never one of
+        `keep`); it joins the free cached blocks, ready to be taken."""
+        source = self.prefix_source
+        if source is None or not source.has_block(block_hash):
+            return None
+        block_id = self._free_block_outside(keep)
+        if block_id is None:
+            return None
+        if not source.restore_block(block_hash, token_ids, block_id):
+            self.free_plain.appendleft(block_id)
+            return None
+        block = self.blocks[block_id]
+        block.hash, block.token_ids = block_hash, token_ids
+        self.hash_to_block[block_hash] = block_id
+        self.free_cached[block_id] = None
+        self.num_restored_blocks += 1
+        return block_id
+
+    def _free_block_outside(self, keep: set[int]) -> int | None:
+        if self.free_plain:
+            return self.free_plain.popleft()
+        block_id = next((b for b in self.free_cached if b not in keep), None)
+        if block_id is not None:
+            del self.free_cached[block_id]
+            self._evict(self.blocks[block_id])
+        return block_id
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
