@@ -57,7 +57,16 @@ def _common(m, meta: Meta, architecture: str, has_output: bool, n_vocab: int) ->
         "eos_token_id": meta("tokenizer.ggml.eos_token_id", None),
         "hidden_act": "silu",
     }
+    config["rope_parameters"] = _rope_parameters(config["rope_theta"], config["rope_scaling"])
     return config
+
+
+def _rope_parameters(theta: float, scaling: dict | None) -> dict:
+    """transformers 5 spelling of rope_theta + rope_scaling."""
+    params = {"rope_type": "default", "rope_theta": theta}
+    if scaling:
+        params.update({k: v for k, v in scaling.items() if k != "type"})
+    return params
 
 
 _MODEL_TYPES = {
@@ -99,6 +108,7 @@ def _mixtral(m) -> dict:
 def _qwen_moe(m, arch: str) -> dict:
     config = {
         "num_experts": _required(m, "expert_count"),
+        "num_local_experts": _required(m, "expert_count"),
         "num_experts_per_tok": _required(m, "expert_used_count"),
         "moe_intermediate_size": _required(m, "expert_feed_forward_length"),
         "norm_topk_prob": bool(m("expert_weights_norm", arch == "qwen3moe")),
