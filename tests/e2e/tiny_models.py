@@ -54,6 +54,13 @@ TINY_CONFIGS: dict[str, tuple[str, dict]] = {
         rope_parameters=dict(_YARN, mscale=1.0, mscale_all_dim=1.0))),
 }
 
+# Wider than one 128x128 FP8 block in every projection, with partial edge blocks.
+FP8_DEEPSEEK_V3 = ("DeepseekV3Config", dict(
+    _MLA, hidden_size=160, intermediate_size=288, moe_intermediate_size=144, n_routed_experts=8,
+    num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=136, kv_lora_rank=144,
+    qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=40, n_group=2, topk_group=1, norm_topk_prob=True,
+    routed_scaling_factor=2.5, rope_parameters=dict(_YARN, mscale=1.0, mscale_all_dim=1.0)))
+
 
 def seed_all(seed: int) -> None:
     random.seed(seed)
@@ -80,7 +87,7 @@ def randomize_(model: torch.nn.Module, seed: int) -> None:
 
 def build_tiny(kind: str, directory: Path, seed: int = 0) -> Path:
     """Saves a random tiny model of `kind` (a TINY_CONFIGS key) in bfloat16 to `directory`."""
-    config_class, kwargs = TINY_CONFIGS[kind]
+    config_class, kwargs = FP8_DEEPSEEK_V3 if kind == "deepseek_v3_fp8" else TINY_CONFIGS[kind]
     config = getattr(transformers, config_class)(**kwargs)
     seed_all(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)

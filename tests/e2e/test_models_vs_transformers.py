@@ -1,0 +1,120 @@
+"""kt's models against transformers' own implementation of each architecture.
+
+Each tiny random checkpoint is saved by transformers in bfloat16; transformers runs
+it in float32 (the reference) and kt loads the same files through open_checkpoint +
+build_model. Bounds for float weights: max|diff| / max|ref| < 1e-3, per-row cosine
+> 0.9999, top-1 agreement 100% (measured: ~1e-6 relative, cosine 1.000000)."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from kt_cli.errors import ModelError
+from kt_cli.layers.mla import MLADims
+from kt_cli.models.registry import SUPPORTED, ModelOptions, build_model
+from kt_weights.checkpoint import open_checkpoint
+
+from tiny_models import (TINY_CONFIGS, VOCAB, PagedDriver, agreement, build_tiny, reference_logits,
+                         reference_model, write_fp8_copy)
+
+REL_BOUND, COS_BOUND = 1e-3, 0.9999
+PROMPT_LENGTHS = (5, 37, 12, 1)     # 37 > the MLA threshold of the tiny DeepSeeks: expanded form
+
+
+def assert_close(got: torch.Tensor, ref: torch.Tensor, what: str, rel=REL_BOUND, cos=COS_BOUND) -> None:
+    a = agreement(got, ref)
+    assert a.rel_max_diff < rel and a.min_cosine > cos and a.top1 == 1.0, f"{what}: {a}"
+
+
+def random_prompts(seed: int, lengths=PROMPT_LENGTHS) -> dict[int, list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return {i: torch.randint(0, VOCAB, (n,), generator=gen).tolist() for i, n in enumerate(lengths)}
+
+
+@pytest.fixture(scope="module", params=list(TINY_CONFIGS))
+def tiny(request, tmp_path_factory):
+    directory = build_tiny(request.param, tmp_path_factory.mktemp(request.param))
+    model = build_model(open_checkpoint(directory), ModelOptions())
+    return request.param, directory, model, reference_model(directory)
+
+
+def test_architecture_is_the_registered_class(tiny):
+    kind, directory, model, _ = tiny
+    architecture = json.loads((directory / "config.json").read_text())["architectures"][0]
+    assert type(model) is SUPPORTED[architecture]
+    assert len(model.kv_specs()) == model.config.num_layers
+
+
+def test_prefill_batch_of_different_lengths(tiny):
+    kind, _, model, ref = tiny
+    prompts = random_prompts(1)
+    logits = PagedDriver(model).step(prompts)
+    for sid, ids in prompts.items():
+        assert logits[sid].shape == (len(ids), VOCAB)
+        assert_close(logits[sid], reference_logits(ref, ids), f"{kind} prefill of {len(ids)} tokens")
+
+
+def test_decode_and_chunked_prefill_from_cache(tiny):
+    """Step 1 prefills two prompts and the first chunk of a third; step 2 mixes two
+    decode steps with the third prompt's second chunk; step 3 decodes all three."""
+    kind, _, model, ref = tiny
+    prompts = random_prompts(2, lengths=(9, 4, 21))
+    driver = PagedDriver(model, seed=3)
+    seqs = {0: prompts[0], 1: prompts[1], 2: prompts[2][:8]}
+    driver.step(seqs)
+    for step in (2, 3):
+        chunks = {sid: [greedy(ref, ids)] for sid, ids in seqs.items() if sid != 2 or step == 3}
+        if step == 2:
+            chunks[2] = prompts[2][8:]
+        logits = driver.step(chunks)
+        for sid, new in chunks.items():
+            seqs[sid] = seqs[sid] + new
+            expected = reference_logits(ref, seqs[sid])[-len(new):]
+            assert_close(logits[sid], expected, f"{kind} step {step} seq {sid} ({len(new)} new tokens)")
+
+
+def greedy(ref, ids: list[int]) -> int:
+    return int(reference_logits(ref, ids)[-1].argmax())
+
+
+@pytest.mark.parametrize("kind", [k for k in TINY_CONFIGS if k.startswith("deepseek")])
+def test_mla_prompts_cover_both_attention_forms(kind):
+    c = TINY_CONFIGS[kind][1]
+    dims = MLADims(c["num_attention_heads"], c["kv_lora_rank"], c["qk_nope_head_dim"], c["qk_rope_head_dim"],
+                   c["v_head_dim"])
+    assert dims.absorbed_is_cheaper(1) and dims.absorbed_is_cheaper(min(PROMPT_LENGTHS))
+    assert not dims.absorbed_is_cheaper(max(PROMPT_LENGTHS))
+
+
+def test_unknown_architecture_is_refused(tmp_path):
+    directory = build_tiny("llama_tied", tmp_path / "llama")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(dict(config, architectures=["FooForCausalLM"])))
+    with pytest.raises(ModelError, match=r"^unsupported architecture FooForCausalLM; supported: .*LlamaForCausalLM"):
+        build_model(open_checkpoint(directory), ModelOptions())
+
+
+def test_fp8_deepseek_v3_matches_transformers_on_dequantized_weights(tmp_path):
+    """FP8 e4m3 projections with 128x128 block scales, as DeepSeek-V3 ships them.
+    kt's checkpoint reader dequantizes FP8 to bfloat16 (one more rounding than the
+    float32 reference), hence the looser bound 1e-2 / cosine 0.9995."""
+    bf16_dir = build_tiny("deepseek_v3_fp8", tmp_path / "bf16", seed=5)
+    write_fp8_copy(bf16_dir, tmp_path / "fp8", tmp_path / "dequant")
+    assert_really_fp8(tmp_path / "fp8" / "model.safetensors")
+    ckpt = open_checkpoint(tmp_path / "fp8")
+    model = build_model(ckpt, ModelOptions())
+    ref = reference_model(tmp_path / "dequant")
+    prompts = random_prompts(4, lengths=(11, 3))
+    logits = PagedDriver(model).step(prompts)
+    for sid, ids in prompts.items():
+        assert_close(logits[sid], reference_logits(ref, ids), f"fp8 prefill {len(ids)}", rel=1e-2, cos=0.9995)
+
+
+def assert_really_fp8(path) -> None:
+    """Guards the test above against comparing two identical bf16 models."""
+    with safe_open(path, "pt") as f:
+        name = "model.layers.1.self_attn.kv_b_proj.weight"
+        assert f.get_tensor(name).dtype == torch.float8_e4m3fn
+        assert tuple(f.get_tensor(name + "_scale_inv").shape) == (3, 2)     # 288 x 144 in 128-blocks
