@@ -79,6 +79,9 @@ class _Cursor:
 class GGUFFile:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        size = self.path.stat().st_size
+        if size < 24:
+            raise WeightsError(f"{self.path}: not a GGUF file ({size} bytes)")
         try:
             self._buf = np.memmap(self.path, dtype=np.uint8, mode="c")
         except (OSError, ValueError) as err:
