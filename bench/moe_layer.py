@@ -1,0 +1,240 @@
+"""Benchmark one MoE layer's routed experts: kt's fused operator against a plain
+torch implementation of the same layer, with the memory read bandwidth of this
+machine (the probe `kt doctor` uses) as the ceiling for decode.
+
+    python bench/moe_layer.py                       # default run, < ~3 minutes
+    python bench/moe_layer.py --shapes deepseek-v3 --tokens 1 8 128 --formats i4_g128
+    python bench/moe_layer.py --threads 4 --min-time 1.0
+
+Weights are random codes (the kernels' speed does not depend on the values);
+routing is uniform random top-k. Columns:
+  kt ms       one kt_moe_forward call (median of the timed calls)
+  GB/s        bytes of the distinct experts touched / time (weights + scales)
+  %bw         that, as a share of the probed read bandwidth
+  GOP/s       2 * 3 * hidden * inter * (valid token-expert pairs) / time
+  torch ms    the same layer (same shape, T and routing) as per-expert torch
+              matmuls in --torch-dtype, measured once per shape
+  speedup     torch ms / kt ms
+A shape/format whose weights do not fit in the available RAM is skipped with a note.
+"""
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kt_cli import hardware, kernels
+from kt_cli.ops import Ops
+from kt_cli.ops.moe import MoEExperts
+from kt_weights.layout import Format, QMatrix
+
+RAM_SHARE = 0.7
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    inter: int
+    experts: int
+    top_k: int
+    default_tokens: tuple[int, ...]
+    default_formats: tuple[str, ...]
+
+
+SHAPES = {
+    "qwen3-30b-a3b": Shape(2048, 768, 128, 8, (1, 8, 128, 512), ("bf16", "i8", "i4_g32", "i4_g128")),
+    "deepseek-v3": Shape(7168, 2048, 256, 8, (1, 8), ("i4_g128",)),
+}
+
+# name -> (format, group; None = one group per row, i.e. per output channel)
+FORMATS = {
+    "bf16": (Format.BF16, 0),
+    "i8": (Format.I8, None),
+    "i4_g32": (Format.I4, 32),
+    "i4_g128": (Format.I4, 128),
+}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+
+
+# ---- synthetic weights ---------------------------------------------------------------
+
+def _tile(base: torch.Tensor, n: int) -> torch.Tensor:
+    """[n, *base.shape] filled with copies of base (fast; values do not matter here)."""
+    out = torch.empty((n, *base.shape), dtype=base.dtype)
+    out.copy_(base.expand_as(out))
+    return out
+
+
+def _stacked(fmt: Format, group: int, n: int, rows: int, cols: int) -> dict[str, torch.Tensor]:
+    if fmt == Format.BF16:
+        return {"data": _tile((torch.randn(rows, cols) / cols ** 0.5).to(torch.bfloat16), n)}
+    groups = cols // group
+    scale = _tile(torch.rand(rows, groups) * 1e-3 + 1e-4, n)
+    if fmt == Format.I8:
+        return {"data": _tile(torch.randint(-127, 128, (rows, cols), dtype=torch.int8), n), "scale": scale}
+    data = _tile(torch.randint(0, 256, (rows, cols // 2), dtype=torch.uint8), n)
+    return {"data": data, "scale": scale, "min": _tile(-8e-3 * torch.rand(rows, groups), n)}
+
+
+def _matrices(fmt: Format, group: int, n: int, rows: int, cols: int) -> list[QMatrix]:
+    s = _stacked(fmt, group, n, rows, cols)
+    return [QMatrix(fmt, rows, cols, s["data"][e], group, *(s[k][e] if k in s else None for k in ("scale", "min")))
+            for e in range(n)]
+
+
+def _group(name: str, cols: int) -> int:
+    fmt, group = FORMATS[name]
+    return 0 if fmt == Format.BF16 else (group or cols)
+
+
+def layer_weights(shape: Shape, name: str) -> tuple[list, list, list]:
+    fmt = FORMATS[name][0]
+    H, I, E = shape.hidden, shape.inter, shape.experts
+    return (_matrices(fmt, _group(name, H), E, I, H), _matrices(fmt, _group(name, H), E, I, H),
+            _matrices(fmt, _group(name, I), E, H, I))
+
+
+def expert_bytes(shape: Shape, name: str) -> int:
+    H, I = shape.hidden, shape.inter
+    fmt = FORMATS[name][0]
+    if fmt == Format.BF16:
+        return 3 * H * I * 2
+    per_weight = 1.0 if fmt == Format.I8 else 0.5
+    side = 4 if fmt == Format.I8 else 8          # scale (+ min for the asymmetric I4 used here)
+    return int(3 * H * I * per_weight + side * (2 * I * (H // _group(name, H)) + H * (I // _group(name, I))))
+
+
+# ---- routing and the torch reference layer ----------------------------------------------
+
+def routing(shape: Shape, T: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.rand(T, shape.experts, generator=gen).topk(shape.top_k, dim=1).indices
+    weights = torch.softmax(torch.randn(T, shape.top_k, generator=gen), dim=1)
+    return ids.to(torch.int32).contiguous(), weights.contiguous()
+
+
+def torch_layer(weights: tuple[list, list, list], x, ids, topk_weights, dtype) -> torch.Tensor:
+    gate, up, down = weights
+    out = torch.zeros_like(x)
+    xd = x.to(dtype)
+    for e in ids.unique().tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        xs = xd[tok]
+        h = torch.nn.functional.silu(xs @ gate[e].T) * (xs @ up[e].T)
+        out.index_add_(0, tok, (h @ down[e].T).float() * topk_weights[tok, slot, None])
+    return out
+
+
+def torch_weights(shape: Shape, dtype) -> tuple[torch.Tensor, ...]:
+    H, I, E = shape.hidden, shape.inter, shape.experts
+    return tuple(_tile((torch.randn(rows, cols) / cols ** 0.5).to(dtype), E)
+                 for rows, cols in ((I, H), (I, H), (H, I)))
+
+
+# ---- timing -----------------------------------------------------------------------------
+
+def time_call(fn, min_time: float, max_reps: int) -> float:
+    """Median seconds of one call after a warm-up, over calls totalling >= min_time."""
+    fn()
+    times = []
+    while not times or (sum(times) < min_time and len(times) < max_reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@dataclass
+class Row:
+    shape: str
+    fmt: str
+    T: int
+    kt_s: float
+    touched_bytes: int
+    pairs: int
+    torch_s: float | None
+
+
+def inputs(shape: Shape, T: int):
+    return (torch.randn(T, shape.hidden, generator=torch.Generator().manual_seed(T)), *routing(shape, T, seed=T))
+
+
+def torch_baseline(shape_name: str, shape: Shape, tokens, args) -> dict[int, float]:
+    dtype = TORCH_DTYPES[args.torch_dtype]
+    gb = 3 * shape.experts * shape.hidden * shape.inter * dtype.itemsize / 1e9
+    if args.no_torch or gb * 1e9 > RAM_SHARE * hardware.memory().available_bytes:
+        if not args.no_torch:
+            print(f"{shape_name:<14} torch baseline skipped: {args.torch_dtype} weights need {gb:.1f} GB", flush=True)
+        return {}
+    tw = torch_weights(shape, dtype)
+    return {T: time_call(lambda: torch_layer(tw, *inputs(shape, T), dtype), args.min_time, args.max_reps)
+            for T in tokens}
+
+
+def measure(shape_name: str, shape: Shape, name: str, moe: MoEExperts, T: int, args,
+            baseline: dict[int, float]) -> Row:
+    x, ids, w = inputs(shape, T)
+    kt_s = time_call(lambda: moe.forward(x, ids, w), args.min_time, args.max_reps)
+    touched = len(ids.unique()) * expert_bytes(shape, name)
+    return Row(shape_name, name, T, kt_s, touched, int((ids >= 0).sum()), baseline.get(T))
+
+
+# ---- report -------------------------------------------------------------------------------
+
+HEADER = f"{'shape':<14} {'fmt':<8} {'T':>5} {'kt ms':>9} {'GB/s':>7} {'%bw':>5} {'GOP/s':>7} {'torch ms':>9} {'speedup':>8}"
+
+
+def format_row(r: Row, shape: Shape, bw: float) -> str:
+    gbs = r.touched_bytes / r.kt_s / 1e9
+    gops = 2 * 3 * shape.hidden * shape.inter * r.pairs / r.kt_s / 1e9
+    torch_ms = f"{r.torch_s * 1e3:9.2f}" if r.torch_s else f"{'n/a':>9}"
+    speedup = f"{r.torch_s / r.kt_s:7.2f}x" if r.torch_s else f"{'':>8}"
+    return (f"{r.shape:<14} {r.fmt:<8} {r.T:>5} {r.kt_s * 1e3:9.2f} {gbs:7.2f} {100 * gbs / bw:4.0f}% "
+            f"{gops:7.1f} {torch_ms} {speedup}")
+
+
+def run_shape(shape_name: str, args, ops: Ops, bw: float) -> None:
+    shape = SHAPES[shape_name]
+    tokens = args.tokens or shape.default_tokens
+    baseline = torch_baseline(shape_name, shape, tokens, args)
+    for name in args.formats or shape.default_formats:
+        gb = shape.experts * expert_bytes(shape, name) / 1e9
+        if gb * 1e9 > RAM_SHARE * hardware.memory().available_bytes:
+            print(f"{shape_name:<14} {name:<8} skipped: needs {gb:.1f} GB, more than "
+                  f"{RAM_SHARE:.0%} of the available RAM", flush=True)
+            continue
+        moe = MoEExperts(*layer_weights(shape, name), ops=ops)
+        for T in tokens:
+            print(format_row(measure(shape_name, shape, name, moe, T, args, baseline), shape, bw), flush=True)
+        del moe
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    p.add_argument("--formats", nargs="+", choices=list(FORMATS), help="default: per shape")
+    p.add_argument("--tokens", nargs="+", type=int, help="default: per shape")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--min-time", type=float, default=0.5, help="seconds of timed calls per row")
+    p.add_argument("--max-reps", type=int, default=20)
+    p.add_argument("--torch-dtype", choices=list(TORCH_DTYPES), default="bf16")
+    p.add_argument("--no-torch", action="store_true")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    ops = Ops(kernels.load(), threads=args.threads)
+    bw = ops.membw_read_gbps()
+    print(f"kt variant {ops.kernels.variant}, {args.threads} threads; memory read bandwidth {bw:.1f} GB/s; "
+          f"torch {torch.__version__} in {args.torch_dtype} on {torch.get_num_threads()} threads")
+    print(HEADER)
+    for shape_name in args.shapes:
+        run_shape(shape_name, args, ops, bw)
+
+
+if __name__ == "__main__":
+    main()
