@@ -37,9 +37,9 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk]) -> list[int]:
         """One step; returns the next token of each chunk that reaches its sequence's end, in order."""
-        sampling = [chunk for chunk in chunks if chunk.samples]
+        sampling = [chunk.seq for chunk in chunks if chunk.samples]
         logits = self.model.forward(self.build_batch(chunks, all_rows=False))   # [R, V]
-        return self.sampler(logits, [chunk.seq for chunk in sampling])
+        return self.sampler(logits, sampling) if sampling else []
 
     @torch.inference_mode()
     def logits(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
@@ -47,6 +47,8 @@ class ModelRunner:
         return self.model.forward(self.build_batch(chunks, all_rows=True)).float()
 
     def build_batch(self, chunks: list[ScheduledChunk], all_rows: bool) -> ForwardBatch:
+        """Logits rows: every position (all_rows) or the last position of each sampling chunk;
+        a step without one still asks for one row, as models need R >= 1."""
         input_ids, positions, slots, logits_rows = [], [], [], []
         q_start, context_lens, block_tables = [0], [], []
         for chunk in chunks:
@@ -65,7 +67,8 @@ class ModelRunner:
         return ForwardBatch(
             input_ids=self._tensor(input_ids), positions=self._tensor(positions),
             q_start=q_start, context_lens=context_lens, block_tables=block_tables,
-            slot_mapping=self._tensor(slots), logits_rows=self._tensor(logits_rows), kv=self.kv)
+            slot_mapping=self._tensor(slots), logits_rows=self._tensor(logits_rows or [len(input_ids) - 1]),
+            kv=self.kv)
 
     def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
         size = self.kv.block_size
