@@ -22,6 +22,7 @@ import io
 import json
 import os
 import struct
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +143,7 @@ class DiskTier:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.index: OrderedDict[bytes, int] = OrderedDict()   # key -> file size
         self.stats = TierStats()
+        self._last_stamp = 0
         self._rebuild_index()
 
     def has(self, key: bytes) -> bool:
@@ -156,7 +158,7 @@ class DiskTier:
             self.stats.rejected += 1
             return None
         self.index.move_to_end(key)
-        os.utime(self._path(key))
+        self._touch(self._path(key))
         self.stats.loaded += 1
         return block
 
@@ -173,6 +175,7 @@ class DiskTier:
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(data)
         os.replace(tmp, path)
+        self._touch(path)
         self._remember(key, len(data))
         self.stats.stored += 1
 
@@ -182,6 +185,12 @@ class DiskTier:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def _touch(self, path: Path) -> None:
+        """Strictly increasing mtimes: the LRU order survives a restart even when the file
+        system's clock is coarser than our writes."""
+        self._last_stamp = max(time.time_ns(), self._last_stamp + 1)
+        os.utime(path, ns=(self._last_stamp, self._last_stamp))
 
     def _path(self, key: bytes) -> Path:
         return self.directory / f"{key.hex()}{SUFFIX}"
@@ -207,14 +216,15 @@ class DiskTier:
             stale.unlink(missing_ok=True)
         found = []
         for path in self.directory.glob(f"*{SUFFIX}"):
-            size = self._valid_size(path)
+            size = self._valid_size(path) if _is_hex(path.stem) else None
             if size is None:
                 path.unlink(missing_ok=True)
                 self.stats.rejected += 1
             else:
                 found.append((path.stat().st_mtime_ns, bytes.fromhex(path.stem), size))
-        for _, key, size in sorted(found):
+        for stamp, key, size in sorted(found):
             self._remember(key, size)
+            self._last_stamp = max(self._last_stamp, stamp)
         self._make_room(0)
 
     def _valid_size(self, path: Path) -> int | None:
@@ -379,3 +389,11 @@ def _numel(shape) -> int:
 
 def _itemsize(dtype: str) -> int:
     return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        bytes.fromhex(text)
+    except ValueError:
+        return False
+    return bool(text)
