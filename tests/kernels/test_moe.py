@@ -231,6 +231,20 @@ def test_bad_ids_are_refused(variant):
     assert torch.isfinite(moe.forward(x, ids, weights)).all()
 
 
+def test_bad_ids_leave_out_untouched(variant):
+    moe = layer("f32", variant.ops)
+    ffi, lib = variant.ops.kernels.ffi, variant.ops.kernels.lib
+    x = tokens(3)
+    ids, weights = routing(3, seed=1)
+    ids[2, 3] = E
+    out = torch.full((3, H), 7.0)
+    ptr = lambda t, ctype: ffi.cast(ctype, t.data_ptr())       # noqa: E731
+    for call in (lib.kt_moe_forward, lib.kt_moe_submit):
+        rc = call(variant.ops.pool.handle, moe._native.handle, ptr(out, "float *"), ptr(x, "const float *"),
+                  ptr(ids, "const int32_t *"), ptr(weights, "const float *"), 3, K)
+        assert rc == -1 and torch.all(out == 7.0)
+
+
 def test_bad_inputs_are_refused(variant):
     moe = layer("f32", variant.ops)
     x = tokens(4)
