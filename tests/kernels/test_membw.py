@@ -10,7 +10,8 @@ def test_membw_is_plausible_and_quick(ops):
     gbps = ops.membw_read_gbps()          # the defaults the CLI uses: 256 MiB, 3 passes
     elapsed = time.perf_counter() - start
     assert 0.5 < gbps < 5000, gbps
-    assert elapsed < 1.5, f"probe took {elapsed:.2f} s"
+    # ~0.2 s on an idle machine; the bound leaves room for a loaded shared test box
+    assert elapsed < 3.0, f"probe took {elapsed:.2f} s"
 
 
 @pytest.mark.parametrize("n_bytes, repeats", [(0, 1), (4096, 0), (1 << 20, -1)])
