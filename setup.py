@@ -28,12 +28,17 @@ def _buildable(variant) -> bool:
 
 class BuildVariants(build_ext):
     def build_extension(self, ext):
+        shared_temp = self.build_temp
+        # every variant compiles the same sources: keep their objects apart
+        self.build_temp = os.path.join(shared_temp, ext.name.rsplit(".", 1)[-1])
         try:
             super().build_extension(ext)
         except Exception as exc:  # compiler rejects the flags: skip this variant only
             if ext.name.endswith("_generic"):
                 raise
             self.warn(f"kt: skipping kernel variant {ext.name}: {exc}")
+        finally:
+            self.build_temp = shared_temp
 
 
 def extensions():
