@@ -19,6 +19,7 @@ A shape/format whose weights do not fit in the available RAM is skipped with a n
 """
 
 import argparse
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -135,9 +136,10 @@ def torch_weights(shape: Shape, dtype) -> tuple[torch.Tensor, ...]:
 
 # ---- timing -----------------------------------------------------------------------------
 
-def time_call(fn, min_time: float, max_reps: int) -> float:
-    """Median seconds of one call after a warm-up, over calls totalling >= min_time."""
-    fn()
+def time_call(fn, min_time: float, max_reps: int, warm_up: bool = True) -> float:
+    """Median seconds of one call (after a warm-up call), over calls totalling >= min_time."""
+    if warm_up:
+        fn()
     times = []
     while not times or (sum(times) < min_time and len(times) < max_reps):
         t0 = time.perf_counter()
@@ -169,8 +171,9 @@ def torch_baseline(shape_name: str, shape: Shape, tokens, args) -> dict[int, flo
             print(f"{shape_name:<14} torch baseline skipped: {args.torch_dtype} weights need {gb:.1f} GB", flush=True)
         return {}
     tw = torch_weights(shape, dtype)
-    return {T: time_call(lambda: torch_layer(tw, *inputs(shape, T), dtype), args.min_time, args.max_reps)
-            for T in tokens}
+    torch.set_num_threads(args.torch_threads or args.threads)
+    return {T: time_call(lambda: torch_layer(tw, *inputs(shape, T), dtype), args.min_time, args.max_reps,
+                         warm_up=T <= 8) for T in tokens}
 
 
 def measure(shape_name: str, shape: Shape, name: str, moe: MoEExperts, T: int, args,
@@ -217,20 +220,23 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--formats", nargs="+", choices=list(FORMATS), help="default: per shape")
     p.add_argument("--tokens", nargs="+", type=int, help="default: per shape")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--min-time", type=float, default=0.5, help="seconds of timed calls per row")
+    p.add_argument("--min-time", type=float, default=0.3, help="seconds of timed calls per row")
     p.add_argument("--max-reps", type=int, default=20)
-    p.add_argument("--torch-dtype", choices=list(TORCH_DTYPES), default="bf16")
+    p.add_argument("--torch-dtype", choices=list(TORCH_DTYPES), default="f32",
+                   help="f32 (default): torch bf16 matmuls are far slower on CPUs without AVX512-BF16")
+    p.add_argument("--torch-threads", type=int, help="default: --threads (on a loaded machine torch's "
+                   "OpenMP threads slow down far more than kt's pool; try 1)")
     p.add_argument("--no-torch", action="store_true")
     return p.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
     ops = Ops(kernels.load(), threads=args.threads)
     bw = ops.membw_read_gbps()
     print(f"kt variant {ops.kernels.variant}, {args.threads} threads; memory read bandwidth {bw:.1f} GB/s; "
-          f"torch {torch.__version__} in {args.torch_dtype} on {torch.get_num_threads()} threads")
+          f"torch {torch.__version__} in {args.torch_dtype} on {args.torch_threads or args.threads} threads; "
+          f"load average {os.getloadavg()[0]:.1f}")
     print(HEADER)
     for shape_name in args.shapes:
         run_shape(shape_name, args, ops, bw)
