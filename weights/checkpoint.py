@@ -1,5 +1,6 @@
 """Checkpoints the engine loads from: `open_checkpoint(path)` takes a Hugging Face
-model directory, a .gguf file or a HF repo id already in the local cache, and
+model directory, a kt directory written by `kt convert` (weights/ktformat.py), a
+.gguf file or a HF repo id already in the local cache, and
 returns a Checkpoint that hands out tensors under HF names:
 
   tensor(name)          float32 copy in HF shape (small tensors, references)
@@ -105,6 +106,8 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     if local.is_file():
         return _gguf_file(local)
     if local.is_dir():
+        if (local / "kt_format.json").exists():
+            return _kt_directory(local)
         return _hf_directory(local) if (local / "config.json").exists() else _single_gguf(local)
     if _looks_like_repo_id(str(path)):
         return open_checkpoint(_resolve_cached_repo(str(path)))
@@ -115,6 +118,12 @@ def _hf_directory(directory: Path) -> Checkpoint:
     from .hf_checkpoint import HFCheckpoint
 
     return HFCheckpoint(directory)
+
+
+def _kt_directory(directory: Path) -> Checkpoint:
+    from .ktformat import KTCheckpoint
+
+    return KTCheckpoint(directory)
 
 
 def _gguf_file(path: Path) -> Checkpoint:

@@ -31,3 +31,16 @@ def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: 
     scale = scale_inv.float().repeat_interleave(block[0], dim=-2)[..., :rows, :]
     scale = scale.repeat_interleave(block[1], dim=-1)[..., :cols]
     return (weight.float() * scale).to(dtype)
+
+
+def dequantize_fp8_channels(weight: torch.Tensor, scale: torch.Tensor,
+                            dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """weight (..., R, C) fp8, scale per output row (..., R) or (..., R, 1), or one
+    scalar for the whole tensor -> (..., R, C) dtype."""
+    rows = weight.shape[-2]
+    if scale.numel() == 1:
+        return (weight.float() * scale.float().reshape(())).to(dtype)
+    if tuple(scale.shape) not in ((*weight.shape[:-2], rows), (*weight.shape[:-2], rows, 1)):
+        raise WeightsError(f"weight_scale has shape {tuple(scale.shape)}, expected one per row "
+                           f"{(*weight.shape[:-2], rows, 1)} for weight {tuple(weight.shape)}")
+    return (weight.float() * scale.float().reshape(*weight.shape[:-2], rows, 1)).to(dtype)

@@ -1,7 +1,9 @@
 """A Hugging Face model directory: config.json plus model.safetensors, or shards
 listed in model.safetensors.index.json. FP8 weights with block
-`weight_scale_inv` are dequantized on read; the scale tensors are not listed
-among the names."""
+`weight_scale_inv` (or per-channel `weight_scale`) are dequantized on read; the
+scale tensors are not listed among the names. streaming=True reads private
+copies (pread) instead of views of the mapping, so a converter that walks the
+whole model keeps only what it holds resident."""
 
 import json
 from pathlib import Path
@@ -10,20 +12,22 @@ import torch
 
 from .checkpoint import Checkpoint, architecture_of
 from .errors import WeightsError
-from .fp8 import block_size_from_config, dequantize_fp8_blocks
+from .fp8 import block_size_from_config, dequantize_fp8_blocks, dequantize_fp8_channels
 from .layout import Format, QMatrix
-from .safetensors_file import SafetensorsFile
+from .safetensors_file import SafetensorsFile, TensorEntry
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 FP8_SCALE_SUFFIX = "_scale_inv"
+FP8_CHANNEL_SCALE_SUFFIX = "_scale"
 _MATRIX_FORMATS = {"F32": Format.F32, "BF16": Format.BF16, "F16": Format.F16}
 _FP8_DTYPES = ("F8_E4M3",)
 
 
 class HFCheckpoint(Checkpoint):
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, streaming: bool = False) -> None:
         self.path = Path(directory)
+        self.streaming = streaming
         self.config = _read_config(self.path)
         self.architecture = architecture_of(self.config, self.path / "config.json")
         self._files = _open_files(self.path)
@@ -39,13 +43,31 @@ class HFCheckpoint(Checkpoint):
         except Exception as err:
             raise WeightsError(f"{self.path}: cannot load the tokenizer ({err})") from None
 
+    def entry(self, name: str) -> TensorEntry:
+        """dtype and shape as stored (FP8 scales not included)."""
+        self._require(name)
+        return self._owner[name].entries[name]
+
+    def stored_bytes(self, name: str) -> int:
+        """Bytes of the tensor in its files, its FP8 scale tensors included."""
+        total = 0
+        for full in (name, name + FP8_SCALE_SUFFIX, name + FP8_CHANNEL_SCALE_SUFFIX):
+            if full in self._owner:
+                entry = self._owner[full].entries[full]
+                total += entry.end - entry.begin
+        return total
+
+    def files(self) -> list[Path]:
+        return [f.path for f in self._files.values()]
+
     def close(self) -> None:
         for f in self._files.values():
             f.close()
         self._files, self._owner, self._names = {}, {}, {}
 
     def _raw(self, name: str) -> torch.Tensor:
-        return self._owner[name].tensor(name)
+        owner = self._owner[name]
+        return owner.read(name) if self.streaming else owner.tensor(name)
 
     def _dtype(self, name: str) -> str:
         return self._owner[name].entries[name].dtype
@@ -69,12 +91,20 @@ class HFCheckpoint(Checkpoint):
 
     def _dequantize_fp8(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         scale_name = name + FP8_SCALE_SUFFIX
+        if scale_name not in self._owner and name + FP8_CHANNEL_SCALE_SUFFIX in self._owner:
+            return self._dequantize_fp8_channels(name, dtype)
         if scale_name not in self._owner:
             raise WeightsError(f"{self._owner[name].path}: FP8 tensor {name!r} has no {scale_name!r}")
         if self._fp8_block is None:
             self._fp8_block = block_size_from_config(self.config)
         try:
             return dequantize_fp8_blocks(self._raw(name), self._raw(scale_name), self._fp8_block, dtype)
+        except WeightsError as err:
+            raise WeightsError(f"{self._owner[name].path}: tensor {name!r}: {err}") from None
+
+    def _dequantize_fp8_channels(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        try:
+            return dequantize_fp8_channels(self._raw(name), self._raw(name + FP8_CHANNEL_SCALE_SUFFIX), dtype)
         except WeightsError as err:
             raise WeightsError(f"{self._owner[name].path}: tensor {name!r}: {err}") from None
 
@@ -165,4 +195,7 @@ def _tensor_owners(directory: Path, files: dict[str, SafetensorsFile]) -> dict[s
 
 
 def _is_fp8_scale(name: str, owners: dict) -> bool:
-    return name.endswith(FP8_SCALE_SUFFIX) and name[: -len(FP8_SCALE_SUFFIX)] in owners
+    for suffix in (FP8_SCALE_SUFFIX, FP8_CHANNEL_SCALE_SUFFIX):
+        if name.endswith(suffix) and name[: -len(suffix)] in owners:
+            return owners[name[: -len(suffix)]].entries[name[: -len(suffix)]].dtype in _FP8_DTYPES
+    return name.endswith(".input_scale")

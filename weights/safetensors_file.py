@@ -39,7 +39,7 @@ class SafetensorsFile:
         self.path = Path(path)
         size = _file_size(self.path)
         header_len = _read_header_length(self.path, size)
-        self.entries = _parse_header(self.path, header_len, size - 8 - header_len)
+        self.entries, self.metadata = _parse_header(self.path, header_len, size - 8 - header_len)
         self._data_start = 8 + header_len
         self._bytes = np.memmap(self.path, dtype=np.uint8, mode="c") if size > 0 else None
 
@@ -54,6 +54,19 @@ class SafetensorsFile:
             return torch.empty(entry.shape, dtype=DTYPES[entry.dtype])
         raw = self._bytes[self._data_start + entry.begin:self._data_start + entry.end]
         return torch.from_numpy(raw).view(DTYPES[entry.dtype]).reshape(entry.shape)
+
+    def read(self, name: str) -> torch.Tensor:
+        """A private copy of the tensor read with pread: unlike views of the
+        mapping, it leaves no file pages in this process's resident set."""
+        entry = self.entries[name]
+        out = torch.empty(entry.end - entry.begin, dtype=torch.uint8)
+        with open(self.path, "rb") as f:
+            f.seek(self._data_start + entry.begin)
+            got = f.readinto(out.numpy())
+        if got != entry.end - entry.begin:
+            raise WeightsError(f"{self.path}: tensor {name!r} is cut short ({got} of "
+                               f"{entry.end - entry.begin} bytes; file truncated?)")
+        return out.view(DTYPES[entry.dtype]).reshape(entry.shape)
 
     def close(self) -> None:
         self._bytes = None
@@ -77,7 +90,7 @@ def _read_header_length(path: Path, size: int) -> int:
     return header_len
 
 
-def _parse_header(path: Path, header_len: int, data_size: int) -> dict[str, TensorEntry]:
+def _parse_header(path: Path, header_len: int, data_size: int) -> tuple[dict[str, TensorEntry], dict]:
     with open(path, "rb") as f:
         f.seek(8)
         raw = f.read(header_len)
@@ -87,8 +100,10 @@ def _parse_header(path: Path, header_len: int, data_size: int) -> dict[str, Tens
         raise WeightsError(f"{path}: safetensors header is not valid JSON ({err})") from None
     if not isinstance(header, dict):
         raise WeightsError(f"{path}: safetensors header is not a JSON object")
-    header.pop("__metadata__", None)
-    return {name: _entry(path, name, info, data_size) for name, info in header.items()}
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise WeightsError(f"{path}: safetensors __metadata__ is not a JSON object")
+    return {name: _entry(path, name, info, data_size) for name, info in header.items()}, metadata
 
 
 def _entry(path: Path, name: str, info, data_size: int) -> TensorEntry:
