@@ -10,7 +10,7 @@ import torch
 from kt_weights.layout import QMatrix
 
 from ..errors import ModelError
-from . import _standin
+from ..ops.moe import MoEExperts
 from .linear import Linear, Target
 from .mlp import GatedMLP, activation
 
@@ -18,7 +18,7 @@ ExpertWeights = tuple[list[QMatrix], list[QMatrix], list[QMatrix]]   # gate, up,
 
 
 def cpu_experts(weights: ExpertWeights, act: str):
-    return _standin.MoEExperts(*weights, activation=act)
+    return MoEExperts(*weights, activation=act)
 
 
 class DeviceExperts(torch.nn.Module):

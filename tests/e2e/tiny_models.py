@@ -116,11 +116,12 @@ class PagedDriver:
     block_size: int = 4
     num_blocks: int = 96
     seed: int = 0
+    device: str = "cpu"
     tables: dict = field(default_factory=dict)
     lens: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.kv = KVCache.allocate(self.model.kv_specs(), self.block_size, self.num_blocks)
+        self.kv = KVCache.allocate(self.model.kv_specs(), self.block_size, self.num_blocks, self.device)
         self.free = list(range(self.num_blocks))
         random.Random(self.seed).shuffle(self.free)
 
@@ -130,7 +131,7 @@ class PagedDriver:
         logits = self.model(batch)
         out, row = {}, 0
         for sid, ids in chunks.items():
-            out[sid] = logits[row:row + len(ids)]
+            out[sid] = logits[row:row + len(ids)].cpu()
             row += len(ids)
         return out
 
