@@ -114,6 +114,7 @@ class CompletionRequest(_GenerationRequest):
                 raise bad_request(f"{name} is not supported by this server", name)
         if self.best_of not in (None, 1):
             raise bad_request("best_of > 1 is not supported by this server", "best_of")
+        self.single_prompt()
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt of the request: text or token ids."""
