@@ -1,5 +1,7 @@
 """ModelOptions validation and expert placement: experts flagged for the device run
-in torch and reach the CPU operator as id -1; the logits must not change."""
+in torch and reach the CPU operator as id -1; the logits must not change. The
+checkpoint is float32 so that kt's kernels keep float32 activations on every CPU
+(they round them to bf16 only for BF16 weights) and both paths compute alike."""
 
 import pytest
 import torch
@@ -29,7 +31,7 @@ def test_bad_options_are_refused(kwargs, message):
 
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory):
-    return build_tiny("qwen3_moe", tmp_path_factory.mktemp("qwen3_moe"))
+    return build_tiny("qwen3_moe", tmp_path_factory.mktemp("qwen3_moe"), dtype=torch.float32)
 
 
 def test_wrong_placement_mask_length_is_refused(qwen3_dir):

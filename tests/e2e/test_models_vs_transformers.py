@@ -2,8 +2,10 @@
 
 Each tiny random checkpoint is saved by transformers in bfloat16; transformers runs
 it in float32 (the reference) and kt loads the same files through open_checkpoint +
-build_model. Bounds for float weights: max|diff| / max|ref| < 1e-3, per-row cosine
-> 0.9999, top-1 agreement 100% (measured: ~1e-6 relative, cosine 1.000000)."""
+build_model. Bounds over all rows of a check (tiny_models.host_bounds): with float32
+activations max|diff| / max|ref| < 1e-3, per-row cosine > 0.9999, top-1 100%
+(measured ~1e-6, cosine 1.000000); on CPUs whose kernels round activations to bf16
+for BF16 weights (avx512_bf16, amx) < 1e-1, > 0.995, >= 95% (measured 3e-3..4e-2)."""
 
 import json
 
@@ -16,16 +18,17 @@ from kt_cli.layers.mla import MLADims
 from kt_cli.models.registry import SUPPORTED, ModelOptions, build_model
 from kt_weights.checkpoint import open_checkpoint
 
-from tiny_models import (TINY_CONFIGS, VOCAB, PagedDriver, agreement, build_tiny, reference_logits,
-                         reference_model, write_fp8_copy)
+from tiny_models import (TINY_CONFIGS, VOCAB, Bounds, PagedDriver, agreement, build_tiny, host_bounds,
+                         reference_logits, reference_model, write_fp8_copy)
 
-REL_BOUND, COS_BOUND = 1e-3, 0.9999
 PROMPT_LENGTHS = (5, 37, 12, 1)     # 37 > the MLA threshold of the tiny DeepSeeks: expanded form
 
 
-def assert_close(got: torch.Tensor, ref: torch.Tensor, what: str, rel=REL_BOUND, cos=COS_BOUND) -> None:
-    a = agreement(got, ref)
-    assert a.rel_max_diff < rel and a.min_cosine > cos and a.top1 == 1.0, f"{what}: {a}"
+def assert_close(pairs: list[tuple[torch.Tensor, torch.Tensor]], what: str, bounds: Bounds | None = None) -> None:
+    """pairs of (kt logits, reference logits), judged together over all their rows"""
+    bounds = bounds or host_bounds()
+    a = agreement(torch.cat([g for g, _ in pairs]), torch.cat([r for _, r in pairs]))
+    assert bounds.holds(a), f"{what}: {a} (bounds {bounds})"
 
 
 def random_prompts(seed: int, lengths=PROMPT_LENGTHS) -> dict[int, list[int]]:
@@ -51,9 +54,9 @@ def test_prefill_batch_of_different_lengths(tiny):
     kind, _, model, ref = tiny
     prompts = random_prompts(1)
     logits = PagedDriver(model).step(prompts)
-    for sid, ids in prompts.items():
-        assert logits[sid].shape == (len(ids), VOCAB)
-        assert_close(logits[sid], reference_logits(ref, ids), f"{kind} prefill of {len(ids)} tokens")
+    assert all(logits[sid].shape == (len(ids), VOCAB) for sid, ids in prompts.items())
+    assert_close([(logits[sid], reference_logits(ref, ids)) for sid, ids in prompts.items()],
+                 f"{kind} prefill of {len(prompts)} prompts")
 
 
 def test_decode_and_chunked_prefill_from_cache(tiny):
@@ -64,6 +67,7 @@ def test_decode_and_chunked_prefill_from_cache(tiny):
     driver = PagedDriver(model, seed=3)
     seqs = {0: prompts[0], 1: prompts[1], 2: prompts[2][:8]}
     driver.step(seqs)
+    pairs = []
     for step in (2, 3):
         chunks = {sid: [greedy(ref, ids)] for sid, ids in seqs.items() if sid != 2 or step == 3}
         if step == 2:
@@ -71,8 +75,8 @@ def test_decode_and_chunked_prefill_from_cache(tiny):
         logits = driver.step(chunks)
         for sid, new in chunks.items():
             seqs[sid] = seqs[sid] + new
-            expected = reference_logits(ref, seqs[sid])[-len(new):]
-            assert_close(logits[sid], expected, f"{kind} step {step} seq {sid} ({len(new)} new tokens)")
+            pairs.append((logits[sid], reference_logits(ref, seqs[sid])[-len(new):]))
+    assert_close(pairs, f"{kind} decode and chunked prefill")
 
 
 def greedy(ref, ids: list[int]) -> int:
@@ -99,7 +103,7 @@ def test_unknown_architecture_is_refused(tmp_path):
 def test_fp8_deepseek_v3_matches_transformers_on_dequantized_weights(tmp_path):
     """FP8 e4m3 projections with 128x128 block scales, as DeepSeek-V3 ships them.
     kt's checkpoint reader dequantizes FP8 to bfloat16 (one more rounding than the
-    float32 reference), hence the looser bound 1e-2 / cosine 0.9995."""
+    float32 reference), hence at least 1e-2 / cosine 0.9995."""
     bf16_dir = build_tiny("deepseek_v3_fp8", tmp_path / "bf16", seed=5)
     write_fp8_copy(bf16_dir, tmp_path / "fp8", tmp_path / "dequant")
     assert_really_fp8(tmp_path / "fp8" / "model.safetensors")
@@ -108,8 +112,9 @@ def test_fp8_deepseek_v3_matches_transformers_on_dequantized_weights(tmp_path):
     ref = reference_model(tmp_path / "dequant")
     prompts = random_prompts(4, lengths=(11, 3))
     logits = PagedDriver(model).step(prompts)
-    for sid, ids in prompts.items():
-        assert_close(logits[sid], reference_logits(ref, ids), f"fp8 prefill {len(ids)}", rel=1e-2, cos=0.9995)
+    host = host_bounds()
+    bounds = Bounds(max(host.rel, 1e-2), min(host.cosine, 0.9995), host.top1)
+    assert_close([(logits[sid], reference_logits(ref, ids)) for sid, ids in prompts.items()], "fp8", bounds)
 
 
 def assert_really_fp8(path) -> None:
