@@ -2,6 +2,8 @@
 tensors are checked for device, dtype, shape and contiguity before their
 pointer is taken, and negative status codes become OpError."""
 
+import weakref
+
 import torch
 
 from kt_weights.errors import WeightsError
@@ -50,8 +52,40 @@ def matrix_2d(t, dtype: torch.dtype, what: str) -> tuple[int, int]:
 
 
 def kt_matrix(ffi, w: QMatrix, what: str = "weight"):
-    """A kt_matrix descriptor borrowing w's tensors (keep w alive while it is used)."""
+    """A kt_matrix descriptor borrowing w's tensors (keep w alive while it is used).
+    Built and validated once per (library, QMatrix); reused while w keeps the same
+    format, sizes and tensor objects, so a decode call pays a few identity checks."""
     check(isinstance(w, QMatrix), f"{what} must be a kt_weights QMatrix, got {type(w).__name__}")
+    key = (id(ffi), id(w))
+    cached = _DESCRIPTORS.get(key)
+    fingerprint = _fingerprint(w)
+    if cached is not None and cached[0] == fingerprint:
+        return cached[1]
+    desc = _new_descriptor(ffi, w, what)
+    _DESCRIPTORS[key] = (fingerprint, desc)
+    weakref.finalize(w, _DESCRIPTORS.pop, key, None)
+    return desc
+
+
+_DESCRIPTORS: dict[tuple[int, int], tuple[tuple, object]] = {}
+
+
+class _Identity:
+    """Compares by object identity, so a fingerprint check never touches tensor data."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other) -> bool:
+        return self.obj is other.obj
+
+
+def _fingerprint(w: QMatrix) -> tuple:
+    return (w.format, w.group, w.rows, w.cols, _Identity(w.data), _Identity(w.scale), _Identity(w.min))
+
+
+def _new_descriptor(ffi, w: QMatrix, what: str):
     try:
         w.validate()
     except WeightsError as exc:

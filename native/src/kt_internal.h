@@ -39,7 +39,16 @@ typedef struct kt_acts {
     int8_t *q;             /* [m, cols] or NULL */
     float *q_scale;        /* [m] */
     float *q_group_sum;    /* [m, cols/group]: sum of q over each group, as float */
+    /* amx variant, m >= KT_AMX_MIN_TOKENS: the same tokens in AMX B-tile panels
+     * (layout in simd_amx.h), padded with zero tokens to a multiple of 16; else NULL */
+    uint16_t *amx_bf16;    /* BF16: [m16/16][cols/32][16][16][2] */
+    int8_t *amx_q;         /* I8:   [m16/16][cols/64][16][16][4] */
+    float *amx_gsum;       /* I8:   [m16/16][cols/group][16] */
+    float *amx_scale;      /* I8:   [m16] q_scale, zero-padded */
 } kt_acts;
+
+/* Token count from which kt_acts_prepare lays out AMX panels (amx variant). */
+#define KT_AMX_MIN_TOKENS 16
 
 /* Bytes of scratch kt_acts_prepare needs for m rows against matrix w. */
 size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m);

@@ -6,21 +6,25 @@
  * rows the inner one, so in decode (m <= 4: one token tile) every weight row is
  * streamed from memory exactly once, and in prefill each weight vector loaded is
  * reused by 4 tokens (the tiles in simd_float.h / simd_int.h) while the block is
- * re-read from cache, not memory, by the next token tile.
+ * re-read from cache, not memory, by the next token tile. The integer tiles
+ * also share each token vector across INT_ROWS weight rows.
  *
- * kt_linear_f32 prepares the activations once, then splits the rows across the
- * pool in tasks of ROWS_PER_TASK.
+ * kt_linear_f32 prepares the activations once (into per-thread scratch that is
+ * kept between calls), then splits the rows across the pool (rows_per_task).
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <pthread.h>
 #include <stdlib.h>
 #include "kt_internal.h"
 #include "simd_float.h"
 #include "simd_int.h"
+#include "simd_amx.h"
 
 #define TOKEN_TILE 4
 #define BLOCK_BYTES (128 * 1024)
-#define ROWS_PER_TASK 16
+#define TASKS_PER_THREAD 4
+#define MIN_TASK_BYTES (32 * 1024)
 #define MAX_ELEMENTS (INT64_C(1) << 52)
 
 /* ---- descriptor check --------------------------------------------------------- */
@@ -103,14 +107,33 @@ static void float_block_f16(float *o, int64_t l, const kt_matrix *w, int64_t r0,
 
 /* ---- integer formats ------------------------------------------------------------ */
 
-#define INT_TILE(RT, TT) int_tile(o, ldo, w, r, a, t0, TT, fmt, asym)
+/* Register tile of the integer kernels: INT_ROWS weight rows x INT_TOKENS tokens
+ * of accumulators, each token vector shared by the rows and each weight vector by
+ * the tokens. AVX2 has 16 vector registers: I4 4 x 2, I8 (which also keeps the
+ * weights' magnitudes) 2 x 4 fit without spills (measured on Zen 3); AVX-512
+ * has 32: 4 x 4. */
+#if defined(__AVX512F__)
+#define INT_ROWS(fmt) 4
+#define INT_TOKENS(fmt) 4
+#else
+#define INT_ROWS(fmt) ((fmt) == KT_I4 ? 4 : 2)
+#define INT_TOKENS(fmt) ((fmt) == KT_I4 ? 2 : 4)
+#endif
+
+#define INT_TILE(RT, TT) int_tile(o, ldo, w, r, RT, a, t0, TT, fmt, asym)
 
 KT_INLINE void int_block(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t b0,
                          int64_t b1, const kt_acts *a, const int32_t fmt, const int asym)
 {
-    for (int64_t t0 = 0; t0 < a->m; t0 += TOKEN_TILE) {
-        int tt = a->m - t0 < TOKEN_TILE ? (int)(a->m - t0) : TOKEN_TILE;
-        for (int64_t r = b0; r < b1; r++) {
+    const int rows = INT_ROWS(fmt), tokens = INT_TOKENS(fmt);
+    for (int64_t t0 = 0; t0 < a->m; t0 += tokens) {
+        int tt = a->m - t0 < tokens ? (int)(a->m - t0) : tokens;
+        int64_t r = b0;
+        for (; r + rows <= b1; r += rows) {
+            float *o = out + t0 * ldo + (r - r0);
+            if (rows == 4) { SWITCH_TT(INT_TILE, 4, tt) } else { SWITCH_TT(INT_TILE, 2, tt) }
+        }
+        for (; r < b1; r++) {
             float *o = out + t0 * ldo + (r - r0);
             SWITCH_TT(INT_TILE, 1, tt)
         }
@@ -141,16 +164,32 @@ static block_fn pick_block(const kt_matrix *w)
     }
 }
 
-void kt_matrix_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
-                        const kt_acts *acts)
+/* Rows [from, r1) in L2-sized blocks; out column 0 is row r0. */
+static void rows_by_blocks(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t from,
+                           int64_t r1, const kt_acts *acts)
 {
     block_fn block = pick_block(w);
     int64_t rows_per_block = BLOCK_BYTES / row_bytes(w);
-    rows_per_block = rows_per_block < 2 ? 2 : rows_per_block & ~(int64_t)1;
-    for (int64_t b0 = r0; b0 < r1; b0 += rows_per_block) {
+    rows_per_block = rows_per_block < 4 ? 4 : rows_per_block & ~(int64_t)3;
+    for (int64_t b0 = from; b0 < r1; b0 += rows_per_block) {
         int64_t b1 = r1 - b0 < rows_per_block ? r1 : b0 + rows_per_block;
         block(out, ldo, w, r0, b0, b1, acts);
     }
+}
+
+void kt_matrix_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                        const kt_acts *acts)
+{
+    int64_t from = r0;
+#if defined(KT_HAVE_AMX)
+    /* full 16-row blocks on the AMX tiles when the tokens were laid out for them */
+    int amx = (w->format == KT_BF16 && acts->amx_bf16) || (w->format == KT_I8 && acts->amx_q);
+    if (amx && r1 - r0 >= AMX_ROWS) {
+        from = r0 + (r1 - r0) / AMX_ROWS * AMX_ROWS;
+        amx_rows(out, ldo, w, r0, r0, from, acts);
+    }
+#endif
+    rows_by_blocks(out, ldo, w, r0, from, r1, acts);
 }
 
 /* ---- dense linear over the pool ------------------------------------------------------ */
@@ -159,15 +198,67 @@ struct linear_job {
     float *out;
     const kt_matrix *w;
     const kt_acts *acts;
+    int64_t rows_per_task;
 };
 
 static void linear_task(void *ctx, int64_t task, int thread)
 {
     (void)thread;
     const struct linear_job *job = ctx;
-    int64_t r0 = task * ROWS_PER_TASK;
-    int64_t r1 = r0 + ROWS_PER_TASK < job->w->rows ? r0 + ROWS_PER_TASK : job->w->rows;
+    int64_t r0 = task * job->rows_per_task;
+    int64_t r1 = r0 + job->rows_per_task < job->w->rows ? r0 + job->rows_per_task : job->w->rows;
     kt_matrix_rows_f32(job->out + r0, job->w->rows, job->w, r0, r1, job->acts);
+}
+
+/* About TASKS_PER_THREAD tasks per thread, so a thread delayed by the OS costs
+ * little, but each worth at least MIN_TASK_BYTES of weight-times-token work, so
+ * claiming a task (one atomic on a shared line) stays cheap beside it; a
+ * multiple of 4 rows, the integer kernels' row tile. */
+static int64_t rows_per_task(const kt_matrix *w, int64_t m, int threads)
+{
+    int64_t balanced = (w->rows + (int64_t)TASKS_PER_THREAD * threads - 1) / ((int64_t)TASKS_PER_THREAD * threads);
+    int64_t work = row_bytes(w) * m;
+    int64_t least = (MIN_TASK_BYTES + work - 1) / work;
+    int64_t rows = balanced > least ? balanced : least;
+    return (rows + 3) & ~(int64_t)3;
+}
+
+/* Activation scratch of each calling thread, grown on demand and kept, so a
+ * decode call allocates nothing; freed when the thread exits. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+struct scratch { void *p; size_t cap; };
+
+static void scratch_free(void *s_)
+{
+    struct scratch *s = s_;
+    free(s->p);
+    free(s);
+}
+
+static void scratch_key_init(void) { pthread_key_create(&scratch_key, scratch_free); }
+
+static void *thread_scratch(size_t bytes)
+{
+    pthread_once(&scratch_once, scratch_key_init);
+    struct scratch *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s || pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (bytes > s->cap) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, bytes) != 0)
+            return NULL;
+        free(s->p);
+        s->p = p;
+        s->cap = bytes;
+    }
+    return s->p;
 }
 
 int kt_linear_f32(kt_pool *pool, float *out, const float *x, int64_t m, const kt_matrix *w)
@@ -175,21 +266,21 @@ int kt_linear_f32(kt_pool *pool, float *out, const float *x, int64_t m, const kt
     if (!out || !x || m < 1 || kt_matrix_check(w) != KT_OK)
         return KT_EINVAL;
     size_t bytes = kt_acts_scratch_bytes(w, m);
-    void *scratch = NULL;
-    if (bytes > 0 && posix_memalign(&scratch, 64, bytes) != 0)
+    void *scratch = bytes > 0 ? thread_scratch(bytes) : NULL;
+    if (bytes > 0 && !scratch)
         return KT_ENOMEM;
     kt_acts acts;
     int rc = kt_acts_prepare(&acts, x, m, w, scratch);
-    if (rc == KT_OK) {
-        struct linear_job job = {out, w, &acts};
-        int64_t n_tasks = (w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
-        if (pool) {
-            kt_pool_run(pool, linear_task, &job, n_tasks);
-        } else {
-            for (int64_t t = 0; t < n_tasks; t++)
-                linear_task(&job, t, 0);
-        }
+    if (rc != KT_OK)
+        return rc;
+    int threads = pool ? kt_pool_threads(pool) : 1;
+    struct linear_job job = {out, w, &acts, rows_per_task(w, m, threads)};
+    int64_t n_tasks = (w->rows + job.rows_per_task - 1) / job.rows_per_task;
+    if (pool && n_tasks > 1) {
+        kt_pool_run(pool, linear_task, &job, n_tasks);
+    } else {
+        for (int64_t t = 0; t < n_tasks; t++)
+            linear_task(&job, t, 0);
     }
-    free(scratch);
-    return rc;
+    return KT_OK;
 }

@@ -17,6 +17,9 @@
 #include <math.h>
 #include <string.h>
 #include "kt_internal.h"
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #define ALIGN64(n) (((n) + (size_t)63) & ~(size_t)63)
 
@@ -27,10 +30,36 @@ struct code_rule {
     float lo, hi;
 };
 
+#if defined(__AVX2__)
+/* 32 floats -> 32 codes with the same IEEE operations as the scalar loop below:
+ * vdivps is correctly rounded like '/', vroundps(nearest) is rint. The codes are
+ * already clamped, so the saturating packs only narrow; packs work per 128-bit
+ * lane, and the final dword permutation restores the element order. */
+static void quantize_32(int8_t *q, const float *x, struct code_rule rule, float divisor)
+{
+    const __m256 off = _mm256_set1_ps(rule.offset), div = _mm256_set1_ps(divisor);
+    const __m256 bias = _mm256_set1_ps(rule.bias), lo = _mm256_set1_ps(rule.lo), hi = _mm256_set1_ps(rule.hi);
+    __m256i c[4];
+    for (int i = 0; i < 4; i++) {
+        __m256 v = _mm256_add_ps(_mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 8 * i), off), div), bias);
+        v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        c[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+    }
+    __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+    bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, bytes);
+}
+#endif
+
 static void quantize_span(int8_t *q, const float *x, int64_t n, struct code_rule rule)
 {
     float divisor = rule.scale == 0.0f ? 1.0f : rule.scale;
-    for (int64_t i = 0; i < n; i++) {
+    int64_t i = 0;
+#if defined(__AVX2__)
+    for (; i + 32 <= n; i += 32)
+        quantize_32(q + i, x + i, rule, divisor);
+#endif
+    for (; i < n; i++) {
         float v = rintf((x[i] - rule.offset) / divisor + rule.bias);
         v = v < rule.lo ? rule.lo : (v > rule.hi ? rule.hi : v);
         q[i] = (int8_t)(int)v;
@@ -40,7 +69,19 @@ static void quantize_span(int8_t *q, const float *x, int64_t n, struct code_rule
 static float abs_max(const float *x, int64_t n)
 {
     float m = 0.0f;
-    for (int64_t i = 0; i < n; i++)
+    int64_t i = 0;
+#if defined(__AVX2__)
+    /* max(|x|, m) keeps m when x is NaN, as the scalar comparison does */
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mv = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8)
+        mv = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), mv);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, mv);
+    for (int j = 0; j < 8; j++)
+        m = lanes[j] > m ? lanes[j] : m;
+#endif
+    for (; i < n; i++)
         m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
     return m;
 }
@@ -175,15 +216,40 @@ static int uses_bf16_acts(int32_t format)
 #endif
 }
 
+/* AMX panels (amx variant only): BF16 needs cols % 32 == 0, I8 group % 64 == 0. */
+static int uses_amx(const kt_matrix *w, int64_t m)
+{
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__)
+    if (m < KT_AMX_MIN_TOKENS)
+        return 0;
+    return (w->format == KT_BF16 && w->cols % 32 == 0) || (w->format == KT_I8 && w->group % 64 == 0);
+#else
+    (void)w;
+    (void)m;
+    return 0;
+#endif
+}
+
+static size_t amx_bytes(const kt_matrix *w, int64_t m)
+{
+    if (!uses_amx(w, m))
+        return 0;
+    size_t m16 = (size_t)(m + 15) / 16 * 16, cols = (size_t)w->cols;
+    if (w->format == KT_BF16)
+        return ALIGN64(m16 * cols * 2);
+    return ALIGN64(m16 * cols) + ALIGN64(m16 * (cols / (size_t)w->group) * 4) + ALIGN64(m16 * 4);
+}
+
 size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m)
 {
     if (m < 1 || kt_matrix_check(w) != KT_OK)
         return 0;
     size_t mm = (size_t)m, cols = (size_t)w->cols;
     if (w->format == KT_I8 || w->format == KT_I4)
-        return ALIGN64(mm * cols) + ALIGN64(mm * 4) + ALIGN64(mm * (cols / (size_t)w->group) * 4);
+        return ALIGN64(mm * cols) + ALIGN64(mm * 4) + ALIGN64(mm * (cols / (size_t)w->group) * 4) +
+               amx_bytes(w, m);
     if (uses_bf16_acts(w->format))
-        return ALIGN64(mm * cols * 2);
+        return ALIGN64(mm * cols * 2) + amx_bytes(w, m);
     return 0;
 }
 
@@ -221,6 +287,37 @@ static uint16_t f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* BF16 panels: element (token t, column k) of block (tb, kc) sits at
+ * [tb][kc][k/2 % 16][t % 16][k % 2] (see simd_amx.h); padding tokens are 0. */
+static void amx_fill_bf16(uint16_t *panel, const float *x, int64_t m, int64_t cols)
+{
+    int64_t m16 = (m + 15) / 16 * 16, n_kc = cols / 32;
+    for (int64_t t = 0; t < m16; t++)
+        for (int64_t k = 0; k < cols; k++) {
+            int64_t at = (((t / 16) * n_kc + k / 32) * 16 + (k % 32) / 2) * 32 + (t % 16) * 2 + k % 2;
+            panel[at] = t < m ? f32_to_bf16(x[t * cols + k]) : 0;
+        }
+}
+
+/* int8 panels: (token t, column k) at [tb][kc][k/4 % 16][t % 16][k % 4]; group sums
+ * transposed to [tb][g][t % 16] and the token scales padded, zeros for padding. */
+static void amx_fill_i8(kt_acts *a, char *base, int64_t m, int64_t cols, int64_t group)
+{
+    int64_t m16 = (m + 15) / 16 * 16, n_kc = cols / 64, n_groups = cols / group;
+    a->amx_q = (int8_t *)base;
+    a->amx_gsum = (float *)(base + ALIGN64((size_t)(m16 * cols)));
+    a->amx_scale = (float *)((char *)a->amx_gsum + ALIGN64((size_t)(m16 * n_groups * 4)));
+    for (int64_t t = 0; t < m16; t++) {
+        for (int64_t k = 0; k < cols; k++) {
+            int64_t at = (((t / 16) * n_kc + k / 64) * 16 + (k % 64) / 4) * 64 + (t % 16) * 4 + k % 4;
+            a->amx_q[at] = t < m ? a->q[t * cols + k] : 0;
+        }
+        for (int64_t g = 0; g < n_groups; g++)
+            a->amx_gsum[((t / 16) * n_groups + g) * 16 + t % 16] = t < m ? a->q_group_sum[t * n_groups + g] : 0.0f;
+        a->amx_scale[t] = t < m ? a->q_scale[t] : 0.0f;
+    }
+}
+
 int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w, void *scratch)
 {
     if (!acts || !x || m < 1 || kt_matrix_check(w) != KT_OK)
@@ -233,12 +330,19 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
     acts->format = w->format;
     acts->group = w->group;
     acts->f32 = x;
+    size_t base = kt_acts_scratch_bytes(w, m) - amx_bytes(w, m);   /* the AMX panels go last */
     if (w->format == KT_I8 || w->format == KT_I4) {
         prepare_int8(acts, x, m, w, scratch);
+        if (uses_amx(w, m))
+            amx_fill_i8(acts, (char *)scratch + base, m, w->cols, w->group);
     } else if (uses_bf16_acts(w->format)) {
         acts->bf16 = scratch;
         for (int64_t i = 0; i < m * w->cols; i++)
             acts->bf16[i] = f32_to_bf16(x[i]);
+        if (uses_amx(w, m)) {
+            acts->amx_bf16 = (uint16_t *)((char *)scratch + base);
+            amx_fill_bf16(acts->amx_bf16, x, m, w->cols);
+        }
     }
     return KT_OK;
 }

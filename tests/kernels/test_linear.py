@@ -118,3 +118,26 @@ def test_native_check_refuses_bad_descriptors(ops, field, value):
                            ffi.cast("float *", x.data_ptr()), 1, desc)
     assert rc == lib.KT_EINVAL
     assert lib.kt_linear_f32(ops.pool.handle, ffi.NULL, ffi.NULL, 1, desc) == lib.KT_EINVAL
+
+
+# Shapes that take the AMX tile path on the amx variant (BF16 with cols % 32 == 0,
+# I8 with group % 64 == 0, >= 16 tokens), with a tail of rows (< 16) and tokens
+# (not a multiple of 16) left to the AVX-512 kernels; plain tiles on other variants.
+@pytest.mark.parametrize("m", [16, 37])
+@pytest.mark.parametrize("fmt, group, symmetric", [
+    (Format.BF16, 0, True), (Format.I8, 64, True), (Format.I8, 128, False), (Format.I4, 128, False),
+], ids=["bf16", "i8-g64", "i8-g128-asym", "i4-g128-asym"])
+def test_tile_sized_shapes(ops, variant, fmt, group, symmetric, m):
+    rows, cols = 45, 256
+    w32 = _randn(rows, cols, seed=rows + m)
+    if fmt == Format.BF16:
+        w = QMatrix(fmt, rows, cols, w32.to(torch.bfloat16))
+    else:
+        w = quantize_reference(w32, fmt, group, symmetric)
+    x = _randn(m, cols, seed=m)
+    out = ops.linear(x, w)
+    if fmt == Format.BF16:
+        bound = 2e-2 if variant in BF16_ACT_VARIANTS else 1e-5
+        assert rel_err(out, x, w.dequantize()) < bound
+    else:
+        assert rel_err(out, _acts_reference(x), w.dequantize()) < 1e-5

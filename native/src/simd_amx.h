@@ -1,0 +1,137 @@
+/* simd_amx.h: AMX tile kernels for BF16 and I8 weights (amx variant only),
+ * included by linear.c. Used for full 16-row blocks of W when the activations
+ * were prepared in AMX panels (kt_acts.amx_*, m >= KT_AMX_MIN_TOKENS); the
+ * AVX-512 kernels do everything else.
+ *
+ * Roles: C (16 weight rows x 16 tokens) += A (16 weight rows x K) . B (K x 16 tokens).
+ *   A is read straight from W: 16 rows of 64 bytes, row stride = the row's bytes.
+ *   B is a panel of the activations in the "VNNI" order the tile instructions
+ *   expect: 16 rows of 64 bytes, row k holding, for each token n, the 2 (bf16) or
+ *   4 (int8) consecutive k-elements that pair with A's dword k:
+ *     tdpbf16ps: C[i][n] += sum_{k<16} A[i].bf16[2k+j] * B[k].bf16[2n+j], j < 2
+ *     tdpbssd:   C[i][n] += sum_{k<16} A[i].s8[4k+j]   * B[k].s8[4n+j],   j < 4
+ *   quant.c builds the panels: bf16 panel (tb, kc) covers tokens [16tb, 16tb+16)
+ *   and columns [32kc, 32kc+32); int8 panel (tb, kc) columns [64kc, 64kc+64).
+ *   Padding tokens are zero; their outputs are never stored.
+ *
+ * I8 groups (group % 64 == 0): C restarts at zero for every group, then each row
+ * i folds it into 16 float lanes (one per token):
+ *   acc[i] += scale[i][g] * C[i]  (+ min[i][g] * groupsum[g] for asymmetric W)
+ *   out[t][i] = q_scale[t] * acc[i][t]
+ *
+ * Tiles: 0 = C, 1 = A, 2 = B. Configuration (palette 1, 64-byte struct) is
+ * loaded per call on the calling thread and released at the end.
+ */
+#ifndef KT_SIMD_AMX_H
+#define KT_SIMD_AMX_H
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__)
+#include <immintrin.h>
+#include <string.h>
+#include "kt_internal.h"
+
+#define KT_HAVE_AMX 1
+#define AMX_ROWS 16
+
+struct amx_tilecfg {
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];     /* bytes per row of tile i */
+    uint8_t rows[16];       /* rows of tile i */
+};
+
+static void amx_configure(void)
+{
+    struct amx_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int i = 0; i < 3; i++) {
+        cfg.colsb[i] = 64;
+        cfg.rows[i] = 16;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* C tile (16 x 16, f32 or int32) -> out[t * ldo + i] for tokens t < n_tok. */
+static void amx_store_f32(float *out, int64_t ldo, const float c[16][16], int n_tok)
+{
+    for (int t = 0; t < n_tok; t++)
+        for (int i = 0; i < AMX_ROWS; i++)
+            out[t * ldo + i] = c[i][t];
+}
+
+/* BF16: 16 rows starting at `row` against token block tb (all of K). */
+static void amx_bf16_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t row,
+                          const kt_acts *a, int64_t tb)
+{
+    int64_t cols = w->cols, n_kc = cols / 32;
+    const uint16_t *wrow = (const uint16_t *)w->data + row * cols;
+    const uint16_t *panel = a->amx_bf16 + tb * n_kc * 512;
+    float c[16][16] __attribute__((aligned(64)));
+    _tile_zero(0);
+    for (int64_t kc = 0; kc < n_kc; kc++) {
+        _tile_loadd(1, wrow + kc * 32, cols * 2);
+        _tile_loadd(2, panel + kc * 512, 64);
+        _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, c, 64);
+    int64_t left = a->m - tb * 16;
+    amx_store_f32(out + tb * 16 * ldo, ldo, (const float (*)[16])c, left < 16 ? (int)left : 16);
+}
+
+/* I8 (group % 64 == 0): 16 rows starting at `row` against token block tb. */
+static void amx_i8_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t row,
+                        const kt_acts *a, int64_t tb)
+{
+    int64_t cols = w->cols, n_kc = cols / 64, n_groups = cols / w->group, per_group = w->group / 64;
+    const int8_t *wrow = (const int8_t *)w->data + row * cols;
+    const int8_t *panel = a->amx_q + tb * n_kc * 1024;
+    const float *gsum = a->amx_gsum + tb * n_groups * 16;
+    int32_t c[16][16] __attribute__((aligned(64)));
+    __m512 acc[16];
+    for (int i = 0; i < AMX_ROWS; i++)
+        acc[i] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < n_groups; g++) {
+        _tile_zero(0);
+        for (int64_t kc = g * per_group; kc < (g + 1) * per_group; kc++) {
+            _tile_loadd(1, wrow + kc * 64, cols);
+            _tile_loadd(2, panel + kc * 1024, 64);
+            _tile_dpbssd(0, 1, 2);
+        }
+        _tile_stored(0, c, 64);
+        __m512 gs = _mm512_loadu_ps(gsum + g * 16);
+        for (int i = 0; i < AMX_ROWS; i++) {
+            __m512 ci = _mm512_cvtepi32_ps(_mm512_load_si512(c[i]));
+            acc[i] = _mm512_fmadd_ps(ci, _mm512_set1_ps(w->scale[(row + i) * n_groups + g]), acc[i]);
+            if (w->min)
+                acc[i] = _mm512_fmadd_ps(gs, _mm512_set1_ps(w->min[(row + i) * n_groups + g]), acc[i]);
+        }
+    }
+    __m512 sa = _mm512_loadu_ps(a->amx_scale + tb * 16);
+    float res[16][16] __attribute__((aligned(64)));
+    for (int i = 0; i < AMX_ROWS; i++)
+        _mm512_store_ps(res[i], _mm512_mul_ps(acc[i], sa));
+    int64_t left = a->m - tb * 16;
+    amx_store_f32(out + tb * 16 * ldo, ldo, (const float (*)[16])res, left < 16 ? (int)left : 16);
+}
+
+/* Rows [b0, b1) (b1 - b0 a multiple of 16) of W, all tokens; out column 0 is row r0. */
+static void amx_rows(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t b0,
+                     int64_t b1, const kt_acts *a)
+{
+    int64_t n_tb = (a->m + 15) / 16;
+    amx_configure();
+    for (int64_t r = b0; r < b1; r += AMX_ROWS) {
+        for (int64_t tb = 0; tb < n_tb; tb++) {
+            if (w->format == KT_BF16)
+                amx_bf16_tile(out + (r - r0), ldo, w, r, a, tb);
+            else
+                amx_i8_tile(out + (r - r0), ldo, w, r, a, tb);
+        }
+    }
+    _tile_release();
+}
+
+#endif
+#endif
