@@ -140,9 +140,9 @@ class LLM:
             if not finished:
                 self._abort({request_id})
 
-    def logits(self, token_lists: list[list[int]]) -> list[torch.Tensor]:
-        """Teacher-forced logits at every position: one [len, vocab] float32 tensor per list."""
-        return self.engine.score(token_lists)
+    def logits(self, token_lists: list[list[int]], start: int = 0) -> list[torch.Tensor]:
+        """Teacher-forced logits at positions start.. of each list: [len - start, vocab] float32."""
+        return self.engine.score(token_lists, start)
 
     def _run(self, wanted: set[str]) -> dict[str, list[RequestOutput]]:
         collected: dict[str, list[RequestOutput]] = {request_id: [] for request_id in wanted}

@@ -133,26 +133,30 @@ class LLMEngine:
         if bad:
             raise PromptError(f"prompt token id {bad[0]!r} is outside the vocabulary (0..{self.vocab_size - 1})")
 
-    def score(self, token_lists: list[list[int]]) -> list[torch.Tensor]:
-        """Teacher-forced logits at every position of each list: [len, vocab] each.
+    def score(self, token_lists: list[list[int]], start: int = 0) -> list[torch.Tensor]:
+        """Teacher-forced logits at positions start.. of each list: [len - start, vocab] each.
         Runs on the calling thread and needs an idle engine."""
         if self.has_unfinished():
             raise KtError("score() needs an engine with no requests in flight")
         for token_ids in token_lists:
             self.check_prompt(token_ids)
-        return [self._score_one(token_ids) for token_ids in token_lists]
+            if not 0 <= start < len(token_ids):
+                raise KtError(f"score start {start} is outside a {len(token_ids)}-token list")
+        return [self._score_one(token_ids, start) for token_ids in token_lists]
 
-    def _score_one(self, token_ids: list[int]) -> torch.Tensor:
+    def _score_one(self, token_ids: list[int], start: int) -> torch.Tensor:
         seq = Sequence("score", token_ids, SamplingParams(), self.config.block_size)
         if not self.block_manager.admit(seq, len(seq), reuse_prefix=False):
             raise KtError(f"the KV cache cannot hold {len(seq)} tokens at once")
         rows = []
-        while seq.num_pending:
-            chunk = [ScheduledChunk(seq, min(seq.num_pending, self.config.max_step_tokens))]
-            rows.append(self.runner.logits(chunk))
-            self.scheduler.on_computed(chunk)
-        self.block_manager.free(seq)
-        return torch.cat(rows)
+        try:
+            while seq.num_pending:
+                chunk = [ScheduledChunk(seq, min(seq.num_pending, self.config.max_step_tokens))]
+                rows.append(self.runner.logits(chunk, first=max(start - seq.num_computed, 0)))
+                self.scheduler.on_computed(chunk)
+        finally:
+            self.block_manager.free(seq)
+        return torch.cat([r for r in rows if len(r)])
 
     def _drain_inbox(self) -> list[RequestOutput]:
         with self.inbox.lock:

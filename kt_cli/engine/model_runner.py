@@ -42,13 +42,16 @@ class ModelRunner:
         return self.sampler(logits, sampling) if sampling else []
 
     @torch.inference_mode()
-    def logits(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
-        """Logits at every scheduled position: [N, V], rows in chunk order."""
-        return self.model.forward(self.build_batch(chunks, all_rows=True)).float()
+    def logits(self, chunks: list[ScheduledChunk], first: int = 0) -> torch.Tensor:
+        """Logits at every scheduled position from row `first` on: [N - first, V]."""
+        if first >= sum(chunk.num_tokens for chunk in chunks):
+            self.model.forward(self.build_batch(chunks, all_rows=False))
+            return torch.empty(0)
+        return self.model.forward(self.build_batch(chunks, all_rows=True, first=first)).float()
 
-    def build_batch(self, chunks: list[ScheduledChunk], all_rows: bool) -> ForwardBatch:
-        """Logits rows: every position (all_rows) or the last position of each sampling chunk;
-        a step without one still asks for one row, as models need R >= 1."""
+    def build_batch(self, chunks: list[ScheduledChunk], all_rows: bool, first: int = 0) -> ForwardBatch:
+        """Logits rows: every position from row `first` on (all_rows) or the last position of
+        each sampling chunk; a step without one still asks for one row, as models need R >= 1."""
         input_ids, positions, slots, logits_rows = [], [], [], []
         q_start, context_lens, block_tables = [0], [], []
         for chunk in chunks:
@@ -64,11 +67,11 @@ class ModelRunner:
             q_start.append(q_start[-1] + chunk.num_tokens)
             context_lens.append(end)
             block_tables.append(list(seq.block_table))
+        logits_rows = logits_rows[first:] or [len(input_ids) - 1]
         return ForwardBatch(
             input_ids=self._tensor(input_ids), positions=self._tensor(positions),
             q_start=q_start, context_lens=context_lens, block_tables=block_tables,
-            slot_mapping=self._tensor(slots), logits_rows=self._tensor(logits_rows or [len(input_ids) - 1]),
-            kv=self.kv)
+            slot_mapping=self._tensor(slots), logits_rows=self._tensor(logits_rows), kv=self.kv)
 
     def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
         size = self.kv.block_size

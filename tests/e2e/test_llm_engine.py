@@ -160,6 +160,10 @@ def test_score_matches_dense_logits():
     batch = prompts(3)
     for logits, prompt in zip(engine.score(batch), batch):
         torch.testing.assert_close(logits, model.dense_logits(prompt), atol=1e-4, rtol=1e-4)
+    for start in (1, 8, 12):       # inside the first chunk, at its end, inside the second
+        tail = engine.score(batch[2:], start=start)[0]
+        torch.testing.assert_close(tail, model.dense_logits(batch[2])[start:], atol=1e-4, rtol=1e-4)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
 def test_abort_frees_blocks_and_reports():
