@@ -5,6 +5,7 @@
   GET /v1/models, /health, /metrics
 """
 
+import asyncio
 import copy
 import hmac
 import time
@@ -23,6 +24,7 @@ from .metrics import Metrics
 from .protocol import DEFAULT_COMPLETION_MAX_TOKENS, ChatCompletionRequest, CompletionRequest, parse
 from .responses import DONE, Reply, models_list, sse
 
+DISCONNECT_POLL_S = 0.5
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 
 
@@ -153,17 +155,17 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         state.authorize(request)
         body = parse(await request.body(), ChatCompletionRequest)
         state.check_model(body.model)
-        return await _generate(state, body, state.chat_prompt(body.template_messages()), chat=True)
+        return await _generate(state, request, body, state.chat_prompt(body.template_messages()), chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         state.authorize(request)
         body = parse(await request.body(), CompletionRequest)
         state.check_model(body.model)
-        return await _generate(state, body, state.completion_prompt(body.single_prompt()), chat=False)
+        return await _generate(state, request, body, state.completion_prompt(body.single_prompt()), chat=False)
 
 
-async def _generate(state: ServerState, body, prompt_ids: list[int], chat: bool):
+async def _generate(state: ServerState, request: Request, body, prompt_ids: list[int], chat: bool):
     state.check_context(prompt_ids)
     default_max = state.ctx - len(prompt_ids) if chat else DEFAULT_COMPLETION_MAX_TOKENS
     params: SamplingParams = body.sampling(default_max)
@@ -171,18 +173,29 @@ async def _generate(state: ServerState, body, prompt_ids: list[int], chat: bool)
     reply = Reply(chat, state.model_name)
     if body.stream:
         return EventStream(_events(state.loop, handle, reply, body.include_usage))
-    return JSONResponse(await _collect(state.loop, handle, reply))
+    return JSONResponse(await _collect(state.loop, handle, reply, request))
 
 
-async def _collect(loop: EngineLoop, handle: RequestHandle, reply: Reply) -> dict:
+async def _collect(loop: EngineLoop, handle: RequestHandle, reply: Reply, request: Request) -> dict:
     pieces, last = [], None
+    watcher = asyncio.create_task(_abort_on_disconnect(loop, handle, request))
     try:
         async for out in handle.outputs():
             pieces.append(out.text_delta)
             last = out
     finally:
+        watcher.cancel()
         loop.abort(handle)
     return reply.full("".join(pieces), last)
+
+
+async def _abort_on_disconnect(loop: EngineLoop, handle: RequestHandle, request: Request) -> None:
+    """A non-streaming client that hangs up stops its generation too."""
+    while not handle.finished:
+        if await request.is_disconnected():
+            loop.abort(handle)
+            return
+        await asyncio.sleep(DISCONNECT_POLL_S)
 
 
 async def _events(loop: EngineLoop, handle: RequestHandle, reply: Reply, include_usage: bool) -> AsyncIterator[str]:

@@ -301,6 +301,19 @@ def test_disconnect_mid_stream_frees_kv_blocks(server, llm, model_dir):
     assert now["kt_generation_tokens_total"] - busy["kt_generation_tokens_total"] < 1000
 
 
+def test_a_non_streaming_client_that_hangs_up_stops_its_request(server, llm, model_dir):
+    body = {"model": model_dir.name, "prompt": "Another long story:", "max_tokens": 1500, "ignore_eos": True}
+    before = server.metrics()["kt_generation_tokens_total"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=1.5)
+    deadline = time.monotonic() + 20
+    while server.metrics()["kt_requests_in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    now = server.metrics()
+    assert (now["kt_kv_blocks_used"], now["kt_requests_in_flight"]) == (0, 0)
+    assert now["kt_generation_tokens_total"] - before < 1000
+
+
 # --- prefix cache ------------------------------------------------------------------------------
 
 def document(seed: int) -> str:

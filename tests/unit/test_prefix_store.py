@@ -240,3 +240,31 @@ def test_restored_block_content_equals_the_evicted_block(tmp_path):
     after = read_block(eng.runner.kv, eng.block_manager.hash_to_block[chain_hash(None, PREFIX[:BS])])
     assert all(torch.equal(a, b) for a, b in zip(before, after))
     assert os.listdir(tmp_path)
+
+
+def test_a_pool_off_the_host_gets_a_ram_tier_above_the_disk(tmp_path):
+    kv = KVCache.allocate([KVSpec(((2, 3),))], BS, 4, device="meta")
+    assert [t.name for t in PrefixStore.for_cache(kv, "m", tmp_path, 1 << 20, ram_bytes=1 << 20).tiers] == ["ram", "disk"]
+    host = KVCache.allocate([KVSpec(((2, 3),))], BS, 4)
+    assert [t.name for t in PrefixStore.for_cache(host, "m", tmp_path, 1 << 20, ram_bytes=1 << 20).tiers] == ["disk"]
+
+
+def test_gpu_pool_spills_to_ram_then_disk_and_restores_exactly(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (the KV pool on the device, evicted blocks in host RAM)")
+    kv = KVCache.allocate([KVSpec(((2, 8), (2, 8)), torch.bfloat16)] * 2, BS, 8, device="cuda")
+    for layer in kv.layers:
+        for t in layer:
+            t.copy_(torch.randn(t.shape, device="cuda").to(t.dtype))
+    originals = {b: read_block(kv, b) for b in range(8)}
+    one = sum(t.numel() * t.element_size() for t in originals[0])
+    store = PrefixStore.for_cache(kv, "gpu-model", tmp_path, 1 << 20, ram_bytes=2 * one)
+    for b in range(4):
+        store.block_evicted(key(b), tuple(range(b, b + BS)), b)
+    ram, disk = store.tiers
+    assert ram.has(key(2)) and ram.has(key(3)) and disk.has(key(0)) and disk.has(key(1))
+    for b in range(4):
+        target = 4 + b
+        assert store.restore_block(key(b), tuple(range(b, b + BS)), target)
+        assert all(torch.equal(a, o) for a, o in zip(read_block(kv, target), originals[b]))
+    assert not store.restore_block(key(0), (9, 9, 9, 9), 4)    # same key, other tokens: refused
