@@ -47,7 +47,7 @@ class ModelRunner:
         if first >= sum(chunk.num_tokens for chunk in chunks):
             self.model.forward(self.build_batch(chunks, all_rows=False))
             return torch.empty(0)
-        return self.model.forward(self.build_batch(chunks, all_rows=True, first=first)).float()
+        return self.model.forward(self.build_batch(chunks, all_rows=True, first=first)).float().cpu()
 
     def build_batch(self, chunks: list[ScheduledChunk], all_rows: bool, first: int = 0) -> ForwardBatch:
         """Logits rows: every position from row `first` on (all_rows) or the last position of

@@ -2,6 +2,8 @@
 
 Order of transforms (vLLM's): penalties on raw logits -> greedy rows take the argmax ->
 temperature -> top-k -> top-p -> min-p -> one draw per row from its own generator.
+Sampling runs on the CPU whatever the model's device: per-request generators then give the
+same tokens on every device, and [B, vocab] is small next to the forward pass.
 """
 
 from typing import Protocol
@@ -25,7 +27,7 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[SamplingState]) -> list[int]:
-        logits = apply_penalties(logits.float(), rows)   # [B, V]
+        logits = apply_penalties(logits.float().cpu(), rows)   # [B, V]
         chosen = [0] * len(rows)
         greedy = [i for i, row in enumerate(rows) if row.params.greedy]
         random = [i for i, row in enumerate(rows) if not row.params.greedy]

@@ -1,5 +1,6 @@
 """SmolLM2-135M Q4_1 (the default model) against llama.cpp: perplexity on KJV Genesis 1-10
-with llama-perplexity's rule, and teacher-forced agreement with llama.cpp's greedy tokens.
+with llama-perplexity's rule, teacher-forced agreement with llama.cpp's greedy tokens, and
+the chat prompt built from the GGUF's template.
 
 Bounds: llama.cpp multiplies Q4_1 weights by 8-bit-quantized activations; transformers in
 float32 on the dequantized weights scores 7.1804 against llama.cpp's 7.2081 (0.4% apart),
@@ -11,7 +12,7 @@ import math
 import pytest
 import torch
 
-from kt_cli import LLM
+from kt_cli import LLM, SamplingParams
 from kt_cli.eval import perplexity, second_half_nll
 
 PPL_TOLERANCE = 0.01
@@ -61,3 +62,13 @@ def test_second_half_rule_scores_tokens_after_the_midpoint():
     assert nll.shape == (3,) and nll.max().item() < 1e-10
     logits[1, 6] = -30.0
     assert math.isclose(second_half_nll(logits, chunk)[1].item(), math.log(10), rel_tol=1e-9)   # row 1 now uniform
+
+
+@pytest.mark.slow
+def test_chat_prompt_and_answer(smollm2, smollm2_reference):
+    chat = next(p for p in smollm2_reference["prompts"] if p["name"] == "chat_2plus2")
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    assert smollm2.chat_prompt(messages) == chat["prompt_ids"]
+    out = smollm2.chat(messages, SamplingParams(temperature=0.0, max_tokens=32))
+    assert out.finish_reason == "stop" and out.token_ids[-1] == smollm2_reference["eos_id"]
+    assert "4" in out.text and "<|im_end|>" not in out.text
