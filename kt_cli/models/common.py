@@ -25,7 +25,7 @@ def gqa_attention(model: CausalLM, w: Weights, layer: int, qkv_bias: bool, o_bia
 def softmax_moe(model: CausalLM, w: Weights, layer: int, router: str,
                 shared: SharedExpert | None = None) -> MoEBlock:
     c = model.config
-    gate = SoftmaxTopK(w.dense(router).float(), c.moe.top_k, c.moe.norm_topk_prob)
+    gate = SoftmaxTopK(w.exact(router), c.moe.top_k, c.moe.norm_topk_prob)
     return moe_block(model, w, layer, gate, shared)
 
 

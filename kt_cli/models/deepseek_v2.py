@@ -69,4 +69,4 @@ class DeepseekV2ForCausalLM(CausalLM):
     def build_router(self, w, name: str):
         moe = self.config.moe
         groups = GroupLimit(moe.n_group, moe.topk_group) if moe.topk_method == "group_limited_greedy" else None
-        return DeepseekV2Router(w.tensor(f"{name}.weight"), moe.top_k, groups, moe.routed_scaling_factor)
+        return DeepseekV2Router(w.exact(f"{name}.weight"), moe.top_k, groups, moe.routed_scaling_factor)

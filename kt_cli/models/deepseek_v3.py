@@ -14,6 +14,6 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
 
     def build_router(self, w, name: str):
         moe = self.config.moe
-        return DeepseekV3Router(w.tensor(f"{name}.weight"), w.dense(f"{name}.e_score_correction_bias").float(),
+        return DeepseekV3Router(w.exact(f"{name}.weight"), w.exact(f"{name}.e_score_correction_bias"),
                                 moe.top_k, GroupLimit(moe.n_group, moe.topk_group),
                                 moe.norm_topk_prob, moe.routed_scaling_factor)

@@ -41,6 +41,10 @@ class Weights:
         """A weight as a plain tensor in the compute dtype on the device."""
         return self.target.put(self.tensor(name))
 
+    def exact(self, name: str) -> torch.Tensor:
+        """A small weight kept in float32 on the device (router weights and biases)."""
+        return self.tensor(name).to(self.target.device)
+
     def norm(self, name: str, eps: float) -> RMSNorm:
         return RMSNorm(self.dense(f"{name}.weight"), eps)
 

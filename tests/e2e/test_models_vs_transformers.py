@@ -4,8 +4,9 @@ Each tiny random checkpoint is saved by transformers in bfloat16; transformers r
 it in float32 (the reference) and kt loads the same files through open_checkpoint +
 build_model. Bounds over all rows of a check (tiny_models.host_bounds): with float32
 activations max|diff| / max|ref| < 1e-3, per-row cosine > 0.9999, top-1 100%
-(measured ~1e-6, cosine 1.000000); on CPUs whose kernels round activations to bf16
-for BF16 weights (avx512_bf16, amx) < 1e-1, > 0.995, >= 95% (measured 3e-3..4e-2)."""
+(measured ~1e-6, cosine 1.000000); with activations rounded to bf16 (compute dtype
+bfloat16, or CPU kernels with a bf16 dot product: avx512_bf16, amx) >= 80% of rows
+above cosine 0.999, none below 0.8, top-1 >= 90% (tiny_models.BF16_ACTIVATIONS)."""
 
 import json
 
@@ -57,6 +58,15 @@ def test_prefill_batch_of_different_lengths(tiny):
     assert all(logits[sid].shape == (len(ids), VOCAB) for sid, ids in prompts.items())
     assert_close([(logits[sid], reference_logits(ref, ids)) for sid, ids in prompts.items()],
                  f"{kind} prefill of {len(prompts)} prompts")
+
+
+def test_bfloat16_compute_stays_close(tiny):
+    kind, directory, _, ref = tiny
+    model = build_model(open_checkpoint(directory), ModelOptions(dtype=torch.bfloat16))
+    prompts = random_prompts(1)
+    logits = PagedDriver(model).step(prompts)
+    assert_close([(logits[sid], reference_logits(ref, ids)) for sid, ids in prompts.items()],
+                 f"{kind} bf16 prefill", host_bounds(torch.bfloat16))
 
 
 def test_decode_and_chunked_prefill_from_cache(tiny):
@@ -113,7 +123,7 @@ def test_fp8_deepseek_v3_matches_transformers_on_dequantized_weights(tmp_path):
     prompts = random_prompts(4, lengths=(11, 3))
     logits = PagedDriver(model).step(prompts)
     host = host_bounds()
-    bounds = Bounds(max(host.rel, 1e-2), min(host.cosine, 0.9995), host.top1)
+    bounds = Bounds(max(host.rel, 1e-2), min(host.cosine, 0.9995), host.close_rows, host.top1)
     assert_close([(logits[sid], reference_logits(ref, ids)) for sid, ids in prompts.items()], "fp8", bounds)
 
 
