@@ -40,6 +40,23 @@ def doctor(
     raise typer.Exit(0 if report["ok"] else 1)
 
 
+@app.command("eval")
+def eval_(
+    model: str = typer.Argument(..., metavar="MODEL", help="GGUF file, model directory or cached repo id"),
+    text_file: str = typer.Argument(..., metavar="FILE", help="text to measure perplexity on"),
+    ctx: int = typer.Option(512, "--ctx", help="tokens per chunk (second half scored)"),
+    threads: int = typer.Option(None, "--threads", envvar="KT_THREADS", help="kernel threads"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable result"),
+) -> None:
+    """Perplexity of MODEL on FILE, measured the way llama-perplexity does."""
+    from . import evaluate
+    result = evaluate.perplexity_of_file(model, text_file, ctx=ctx, threads=threads)
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        render.perplexity(result, stdout)
+
+
 def main() -> None:
     try:
         app()

@@ -55,3 +55,9 @@ def _expected_table(rows: list[dict], gbps: float) -> Table:
 
 def _yes(flag: bool) -> str:
     return "[green]yes[/]" if flag else "[dim]no[/]"
+
+
+def perplexity(result: dict, console: Console) -> None:
+    console.print(f"[bold]perplexity[/] {result['ppl']:.4f} ± {result['ppl_stderr']:.4f}  "
+                  f"({result['n_chunks']} chunks of {result['n_ctx']} tokens, {result['n_scored']} scored; "
+                  f"{result['tokens_per_second']} tokens/s)")
