@@ -79,8 +79,8 @@ def _one_shot_message(options: ChatOptions) -> str | None:
         return options.prompt
     if sys.stdin is None or sys.stdin.isatty():
         return None
-    text = sys.stdin.read()
-    if not text.strip():
+    text = sys.stdin.read().strip()
+    if not text:
         raise ChatError("stdin is not a terminal and holds no message; give --prompt TEXT or type in a terminal")
     return text
 

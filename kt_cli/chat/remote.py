@@ -1,8 +1,10 @@
 """Backend over an OpenAI-compatible server (`kt run`, or any other): POST /chat/completions
-with stream=true and read the server-sent events. The HTTP read runs on a worker thread so
+with stream=true and read the server-sent events. An API key, if the server wants one, comes
+from $KT_API_KEY or $OPENAI_API_KEY. The HTTP read runs on a worker thread so
 that a cancel is seen at once, even while the server is still busy with the prompt."""
 
 import json
+import os
 import queue
 import threading
 from collections.abc import Iterator
@@ -12,6 +14,7 @@ import httpx
 from .backend import BackendError, Chunk, ContextOverflow, ReplyEnd, Sampling
 
 CONNECT_TIMEOUT_S = 5.0
+API_KEY_ENV = ("KT_API_KEY", "OPENAI_API_KEY")
 POLL_S = 0.05
 _DONE = object()
 
@@ -20,7 +23,7 @@ class RemoteBackend:
     def __init__(self, url: str, model: str | None = None):
         self.url = url
         self.where = url
-        self.client = httpx.Client(timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S))
+        self.client = httpx.Client(timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S), headers=_auth_headers())
         self.model_name, self.ctx = self._pick_model(model)
 
     def stream(self, messages: list[dict], sampling: Sampling, cancel: threading.Event) -> Iterator[Chunk]:
@@ -130,6 +133,11 @@ def _events(response: httpx.Response) -> Iterator[dict]:
         if isinstance(event, dict) and "error" in event:
             raise BackendError(f"the server stopped the reply: {_error_message(event)}")
         yield event
+
+
+def _auth_headers() -> dict:
+    key = next((os.environ[name] for name in API_KEY_ENV if os.environ.get(name)), None)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _get_json(client: httpx.Client, url: str):
