@@ -14,7 +14,7 @@ from ..ktformat import EXPERT_NAME, FORMAT_FILE, FORMAT_NAMES, MANIFEST_FILE, MA
 from .files import SafetensorsStream, TensorSpec, file_sha256, planned_size, write_json_atomic
 from .options import ConvertOptions
 from .source import Source, Unit
-from .stats import ErrorStats, relative_error
+from .stats import ErrorStats, matrix_error
 
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                 "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json",
@@ -102,7 +102,7 @@ class KTTarget:
             out.write(item.name, w.to(_TORCH[item.plain_dtype]))
             return
         m = self._matrix(w, item)
-        stats.add(item.name, relative_error(m.dequantize(), w))
+        stats.add(item.name, matrix_error(m, w))
         out.write(item.name, m.data)
         for part, t in (("scale", m.scale), ("min", m.min)):
             if t is not None:

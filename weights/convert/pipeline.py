@@ -11,6 +11,8 @@ size. An interrupted run resumes (--resume) after the last unit whose checksum v
 import resource
 import time
 
+import torch
+
 from ..errors import WeightsError
 from .journal import Journal, check_destination, check_free_disk, remove, replace_destination, source_fingerprint
 from .options import ConvertOptions
@@ -24,9 +26,12 @@ def convert(options: ConvertOptions, progress: ProgressSink | None = None, quant
     native kernels with options.threads threads."""
     sink = progress or NullSink()
     source = Source(options.source)
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)        # the heavy work runs in the native pool; torch only converts dtypes
     try:
         return _run(options, source, sink, quantize)
     finally:
+        torch.set_num_threads(torch_threads)
         source.close()
 
 
@@ -55,7 +60,8 @@ def _run(options: ConvertOptions, source: Source, sink: ProgressSink, quantize) 
         raise WeightsError(f"{options.destination}: writing failed ({err.strerror or err}); the finished "
                            f"layers are kept in {target.staging}: fix the cause and rerun with --resume") from None
     replace_destination(target.staging, options.destination)
-    return _summary(options, source, units, done, journal, stats, started, skipped, estimate)
+    notes = getattr(target, "notes", [])
+    return _summary(options, source, units, done, stats, started, skipped, notes)
 
 
 def _target(options: ConvertOptions, source: Source, quantize, units):
@@ -93,11 +99,11 @@ def _convert_units(units, done, target, journal, stats, sink) -> None:
                                 time.perf_counter() - t0, False))
 
 
-def _summary(options, source, units, done, journal, stats, started, skipped, estimate) -> ConvertSummary:
+def _summary(options, source, units, done, stats, started, skipped, notes) -> ConvertSummary:
     seconds = time.perf_counter() - started
     read = sum(u.source_bytes for u in units if u.name not in done)
     out = _output_size(options.destination)
-    notes = [f"skipped {len(skipped)} tensors of layers past num_hidden_layers"] if skipped else []
+    notes = list(notes) + ([f"skipped {len(skipped)} tensors of layers past num_hidden_layers"] if skipped else [])
     return ConvertSummary(str(source.directory), str(options.destination), options.format_name,
                           source.architecture, len(units), len(done), sum(u.source_bytes for u in units),
                           out, seconds, read / 1e6 / max(seconds, 1e-9),

@@ -1,5 +1,6 @@
 """Quantization error per tensor kind: max over tensors of
-max|dequantized - source| / max|source|."""
+max|dequantized - source| / max|source|, measured on up to SAMPLE_ROWS evenly
+spaced rows of each matrix (the full check would cost as much as the conversion)."""
 
 import re
 
@@ -25,6 +26,19 @@ def kind_of(name: str) -> str:
         if pattern.search(name):
             return kind
     return "other"
+
+
+SAMPLE_ROWS = 64
+
+
+def matrix_error(m, w: torch.Tensor) -> float:
+    """m: QMatrix quantized from w [rows, cols] f32."""
+    from ..layout import QMatrix
+
+    idx = torch.linspace(0, m.rows - 1, min(m.rows, SAMPLE_ROWS)).long()
+    part = QMatrix(m.format, len(idx), m.cols, m.data[idx], m.group, None if m.scale is None else m.scale[idx],
+                   None if m.min is None else m.min[idx])
+    return relative_error(part.dequantize(), w[idx])
 
 
 def relative_error(got, ref) -> float:
