@@ -46,5 +46,6 @@ def test_gpu_matches_transformers(tiny, dtype, placed):
     got = torch.cat([logits[sid] for sid in prompts] + [decode[sid] for sid in prompts])
     want = torch.cat([reference_logits(ref, ids) for ids in prompts.values()]
                      + [reference_logits(ref, ids + [17])[-1:] for ids in prompts.values()])
-    a, bounds = agreement(got, want), host_bounds(dtype)
+    bounds = host_bounds(dtype)
+    a = agreement(got, want, bounds.top1_margin)
     assert bounds.holds(a), f"{kind} {dtype} placed={placed}: {a} (bounds {bounds})"

@@ -28,7 +28,7 @@ PROMPT_LENGTHS = (5, 37, 12, 1)     # 37 > the MLA threshold of the tiny DeepSee
 def assert_close(pairs: list[tuple[torch.Tensor, torch.Tensor]], what: str, bounds: Bounds | None = None) -> None:
     """pairs of (kt logits, reference logits), judged together over all their rows"""
     bounds = bounds or host_bounds()
-    a = agreement(torch.cat([g for g, _ in pairs]), torch.cat([r for _, r in pairs]))
+    a = agreement(torch.cat([g for g, _ in pairs]), torch.cat([r for _, r in pairs]), bounds.top1_margin)
     assert bounds.holds(a), f"{what}: {a} (bounds {bounds})"
 
 
@@ -123,7 +123,7 @@ def test_fp8_deepseek_v3_matches_transformers_on_dequantized_weights(tmp_path):
     prompts = random_prompts(4, lengths=(11, 3))
     logits = PagedDriver(model).step(prompts)
     host = host_bounds()
-    bounds = Bounds(max(host.rel, 1e-2), min(host.cosine, 0.9995), host.close_rows, host.top1)
+    bounds = Bounds(max(host.rel, 1e-2), min(host.cosine, 0.9995), host.close_rows, host.top1, host.top1_margin)
     assert_close([(logits[sid], reference_logits(ref, ids)) for sid, ids in prompts.items()], "fp8", bounds)
 
 

@@ -165,17 +165,22 @@ class Agreement:
     rel_max_diff: float    # max |got - ref| / max |ref|
     min_cosine: float      # worst row
     close_rows: float      # fraction of rows with cosine > 0.999
-    top1: float            # fraction of rows with the same argmax
+    top1: float            # fraction of decisive rows with the same argmax
 
     def __str__(self) -> str:
         return (f"rel max diff {self.rel_max_diff:.2e}, min cosine {self.min_cosine:.6f}, "
                 f"rows with cosine > 0.999 {self.close_rows:.3f}, top-1 {self.top1:.3f}")
 
 
-def agreement(got: torch.Tensor, ref: torch.Tensor) -> Agreement:
-    rel = ((got - ref).abs().max() / ref.abs().max()).item()
+def agreement(got: torch.Tensor, ref: torch.Tensor, margin: float = 0.0) -> Agreement:
+    """Rows are decisive when the reference's top-2 gap exceeds margin * max|ref|."""
+    scale = ref.abs().max()
+    rel = ((got - ref).abs().max() / scale).item()
     cos = torch.nn.functional.cosine_similarity(got, ref, dim=-1)
-    top1 = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    top2 = ref.topk(2, dim=-1).values
+    decisive = (top2[:, 0] - top2[:, 1]) > margin * scale
+    same = got.argmax(-1) == ref.argmax(-1)
+    top1 = same[decisive].float().mean().item() if decisive.any() else 1.0
     return Agreement(rel, cos.min().item(), (cos > 0.999).float().mean().item(), top1)
 
 
@@ -185,6 +190,7 @@ class Bounds:
     cosine: float
     close_rows: float
     top1: float
+    top1_margin: float = 0.0     # top-1 judged where the reference's top-2 gap > this * max|ref|
 
     def holds(self, a: Agreement) -> bool:
         return (a.rel_max_diff < self.rel and a.min_cosine > self.cosine
@@ -198,8 +204,10 @@ EXACT = Bounds(rel=1e-3, cosine=0.9999, close_rows=1.0, top1=1.0)
 # bf16 dot product. Dense models then stay within cosine 0.9998 (top-1 ~95%: near
 # ties), but in the tiny random MoEs a near-tie in the router flips an expert for a
 # few tokens and moves those rows a lot (measured: 85-100% of rows above cosine
-# 0.999, median 1.0, worst 0.90), so the bound is on the share of close rows.
-BF16_ACTIVATIONS = Bounds(rel=float("inf"), cosine=0.8, close_rows=0.8, top1=0.9)
+# 0.999, median 1.0, worst 0.83), so the bound is on the share of close rows, and
+# top-1 is judged only where the reference's top-2 gap exceeds 2% of the logit scale
+# (bf16 noise measured 1-1.5%).
+BF16_ACTIVATIONS = Bounds(rel=float("inf"), cosine=0.8, close_rows=0.8, top1=0.9, top1_margin=0.02)
 BF16_DOT_VARIANTS = ("avx512_bf16", "amx")
 
 
