@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     except KtError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -63,10 +63,10 @@ class ServerState:
     def completion_prompt(self, prompt: str | list[int]) -> list[int]:
         return prompt if isinstance(prompt, list) else list(self.encoder.encode(prompt, add_special_tokens=True))
 
-    def check_context(self, prompt_ids: list[int]) -> None:
+    def check_context(self, prompt_ids: list[int], param: str) -> None:
         if len(prompt_ids) >= self.ctx:
             raise bad_request(f"This model's context is {self.ctx} tokens and the prompt has {len(prompt_ids)}; "
-                              "shorten the prompt so that it leaves room for output", "messages",
+                              "shorten the prompt so that it leaves room for output", param,
                               "context_length_exceeded")
 
 
@@ -166,7 +166,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
 
 async def _generate(state: ServerState, request: Request, body, prompt_ids: list[int], chat: bool):
-    state.check_context(prompt_ids)
+    state.check_context(prompt_ids, "messages" if chat else "prompt")
     default_max = state.ctx - len(prompt_ids) if chat else DEFAULT_COMPLETION_MAX_TOKENS
     params: SamplingParams = body.sampling(default_max)
     handle = state.loop.submit(prompt_ids, params)

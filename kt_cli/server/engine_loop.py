@@ -86,17 +86,29 @@ class EngineLoop:
             self.engine.abort(handle.request_id)
             self.wake.set()
 
+    def begin_shutdown(self, grace_s: float) -> None:
+        """Refuse new requests; those in flight get grace_s seconds to finish, then are aborted
+        (their streams end with finish_reason 'abort')."""
+        self.accepting = False
+        timer = threading.Timer(grace_s, self._abort_all)
+        timer.daemon = True
+        timer.start()
+
     def stop(self, timeout: float = 30.0) -> None:
         """Refuse new requests, abort those in flight, let the thread free their blocks and end."""
         self.accepting = False
-        with self.lock:
-            pending = list(self.handles)
-        for request_id in pending:
-            self.engine.abort(request_id)
+        self._abort_all()
         self.stopping = True
         self.wake.set()
         if self.thread.is_alive():
             self.thread.join(timeout)
+
+    def _abort_all(self) -> None:
+        with self.lock:
+            pending = list(self.handles)
+        for request_id in pending:
+            self.engine.abort(request_id)
+        self.wake.set()
 
     def _run(self) -> None:
         while True:

@@ -24,6 +24,7 @@ from .metrics import Metrics
 from .options import ServeOptions
 
 GIB = 2**30
+SHUTDOWN_SLACK_S = 5.0
 
 
 @dataclass
@@ -34,11 +35,27 @@ class Server:
     state: ServerState
 
     def run(self) -> None:
+        grace = self.options.shutdown_timeout_s
         config = uvicorn.Config(create_app(self.state), host=self.options.host, port=self.options.port,
                                 log_level=self.options.log_level, access_log=False,
-                                timeout_graceful_shutdown=self.options.shutdown_timeout_s)
-        uvicorn.Server(config).run()
-        self.state.on_shutdown()
+                                timeout_graceful_shutdown=grace + SHUTDOWN_SLACK_S)
+        try:
+            _GracefulUvicorn(config, lambda: self.state.loop.begin_shutdown(grace)).run()
+        finally:
+            self.state.on_shutdown()
+
+
+class _GracefulUvicorn(uvicorn.Server):
+    """uvicorn, but its shutdown first tells the engine loop, which ends open streams cleanly
+    (finish_reason 'abort') after the grace period instead of uvicorn cancelling them."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown_start):
+        super().__init__(config)
+        self.on_shutdown_start = on_shutdown_start
+
+    async def shutdown(self, sockets=None) -> None:
+        self.on_shutdown_start()
+        await super().shutdown(sockets)
 
 
 def serve(options: ServeOptions) -> None:

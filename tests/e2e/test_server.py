@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -355,13 +356,29 @@ def block_file(cache_dir: Path, prompt: list[int], index: int) -> Path:
     return cache_dir / f"{digest.hex()}.kvb"
 
 
+def _read_long_stream(server, name: str, out: dict) -> None:
+    body = {"model": name, "prompt": "Interrupted story:", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                      timeout=REQUEST_TIMEOUT_S) as response:
+        lines = []
+        for line in response.iter_lines():
+            lines.append(line)
+            out["open_stream"] = lines
+
+
 @pytest.fixture(scope="module")
 def restarted(server, llm, model_dir, cache_dir, tmp_path_factory):
     """Serve KEEP and BROKEN, stop (SIGTERM), damage the cache, start again with a one-slot queue."""
     client = server.client()
     first = {name: client.completions.create(model=model_dir.name, prompt=prompt, max_tokens=4, **GREEDY)
              for name, prompt in (("keep", KEEP), ("broken", BROKEN))}
+    open_stream = threading.Thread(target=_read_long_stream, args=(server, model_dir.name, first), daemon=True)
+    open_stream.start()
+    deadline = time.monotonic() + 30
+    while "open_stream" not in first and time.monotonic() < deadline:
+        time.sleep(0.1)
     server.stop()
+    open_stream.join(timeout=30)
     assert block_file(cache_dir, KEEP, 5).exists() and block_file(cache_dir, BROKEN, 0).exists()
     broken = block_file(cache_dir, BROKEN, 0)
     data = bytearray(broken.read_bytes())
@@ -390,6 +407,14 @@ def test_prefix_hit_survives_a_restart_and_a_corrupt_file_is_skipped(restarted, 
     counts = proc.metrics()
     assert counts['kt_prefix_tier_rejected_total{tier="disk"}'] >= 2
     assert counts["kt_prefix_cache_restored_blocks_total"] >= 6
+
+
+def test_shutdown_ends_an_open_stream_cleanly(restarted):
+    _, first = restarted
+    events = [line for line in first["open_stream"] if line]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "abort"
+    assert len(events) < 1500
 
 
 def test_a_full_queue_gets_503_and_the_server_recovers(restarted, model_dir):

@@ -6,6 +6,7 @@ queue bound."""
 import asyncio
 import json
 import re
+import threading
 
 import pytest
 
@@ -109,6 +110,7 @@ class StubEngine:
 
     def __init__(self, steps: int = 3):
         self.steps, self.live, self.aborted = steps, {}, []
+        self.gate = threading.Event()     # steps wait until the test opens it
         self.scheduler = type("S", (), {"waiting": [], "running": [], "num_preemptions": 0})()
         self.block_manager = type("B", (), {"num_blocks": 10, "num_free_blocks": 10})()
 
@@ -122,6 +124,7 @@ class StubEngine:
         return bool(self.live) or bool(self.aborted)
 
     def step(self):
+        self.gate.wait(timeout=10)
         outputs = []
         for request_id in self.aborted:
             if request_id in self.live:
@@ -142,13 +145,15 @@ class StubEngine:
 
 def test_engine_loop_delivers_outputs_and_bounds_its_queue():
     metrics = Metrics()
-    loop = EngineLoop(StubEngine(steps=3), metrics, max_pending=2)
+    engine = StubEngine(steps=3)
+    loop = EngineLoop(engine, metrics, max_pending=2)
 
     async def scenario():
         first, second = loop.submit([1, 2], None), loop.submit([3], None)
         with pytest.raises(APIError) as err:
             loop.submit([4], None)
         assert err.value.status == 503
+        engine.gate.set()
         texts = [[o.text_delta async for o in h.outputs()] for h in (first, second)]
         third = loop.submit([5], None)
         assert [o.finish_reason async for o in third.outputs()][-1] == "length"
@@ -162,3 +167,24 @@ def test_engine_loop_delivers_outputs_and_bounds_its_queue():
     assert texts == [["t1", "t2", "t3"], ["t1", "t2", "t3"]]
     assert metrics.finished_requests == 3 and metrics.generation_tokens == 9 and metrics.in_flight == 0
     assert not loop.thread.is_alive()
+
+
+def test_shutdown_refuses_new_work_and_aborts_what_is_left_after_the_grace_period():
+    engine = StubEngine(steps=10**6)
+    engine.gate.set()
+    loop = EngineLoop(engine, Metrics(), max_pending=4)
+
+    async def scenario():
+        handle = loop.submit([1], None)
+        loop.begin_shutdown(grace_s=0.2)
+        with pytest.raises(APIError) as err:
+            loop.submit([2], None)
+        assert err.value.status == 503
+        return [o async for o in handle.outputs()]
+
+    loop.start()
+    try:
+        outputs = asyncio.run(asyncio.wait_for(scenario(), 10))
+    finally:
+        loop.stop(timeout=5)
+    assert outputs[-1].finished and outputs[-1].finish_reason == "abort" and len(outputs) > 1
