@@ -20,6 +20,7 @@ that fails its checksum, is deleted and never loaded.
 import hashlib
 import io
 import json
+import math
 import os
 import struct
 import time
@@ -58,7 +59,7 @@ class BlockLayout:
 
     @property
     def block_bytes(self) -> int:
-        return sum(_numel(shape) * _itemsize(dtype) for dtype, shape in self.tensors)
+        return sum(math.prod(shape) * _itemsize(dtype) for dtype, shape in self.tensors)
 
 
 @dataclass
@@ -374,17 +375,10 @@ def _split_payload(layout: BlockLayout, payload: bytes) -> list[torch.Tensor]:
     raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     tensors, start = [], 0
     for dtype, shape in layout.tensors:
-        size = _numel(shape) * _itemsize(dtype)
+        size = math.prod(shape) * _itemsize(dtype)
         tensors.append(raw[start:start + size].view(getattr(torch, dtype)).reshape(shape))
         start += size
     return tensors
-
-
-def _numel(shape) -> int:
-    out = 1
-    for dim in shape:
-        out *= dim
-    return out
 
 
 def _itemsize(dtype: str) -> int:
