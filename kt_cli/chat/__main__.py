@@ -15,15 +15,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", metavar="MODEL",
                    help="GGUF file, model directory or cached HF repo id (default: kt's default model); "
                         "with --url, the server's model name")
-    p.add_argument("--url", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--system", help="system prompt")
-    p.add_argument("--temperature", type=float, default=ChatOptions.temperature)
-    p.add_argument("--top-p", type=float, default=ChatOptions.top_p)
-    p.add_argument("--max-tokens", type=int, help="reply length cap (default: until the context is full)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--prompt", help="answer this message, print only the reply, exit")
-    p.add_argument("--threads", type=int, help="CPU threads for the in-process model")
-    p.add_argument("--ctx", type=int, help="context length for the in-process model")
+    p.add_argument("--url", metavar="URL", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--system", metavar="TEXT", help="system prompt")
+    p.add_argument("--temperature", type=float, metavar="T", default=ChatOptions.temperature,
+                   help=f"0 = greedy (default {ChatOptions.temperature})")
+    p.add_argument("--top-p", type=float, metavar="P", default=ChatOptions.top_p,
+                   help=f"nucleus sampling (default {ChatOptions.top_p})")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="reply length cap (default: until the context is full)")
+    p.add_argument("--seed", type=int, metavar="N", help="sampling seed, for repeatable replies")
+    p.add_argument("--prompt", metavar="TEXT", help="answer this message, print only the reply, exit "
+                                                    "(also: a message piped on stdin)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for the in-process model (env KT_THREADS)")
+    p.add_argument("--ctx", type=int, metavar="N", help="context length for the in-process model")
     return p
 
 

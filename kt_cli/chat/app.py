@@ -32,11 +32,14 @@ def run_chat(options: ChatOptions) -> int:
         return EXIT_INTERRUPTED
     with contextlib.closing(backend):
         session = ChatSession(backend, Conversation(options.system), sampling_of(options))
-        if message is not None:
-            return answer_once(session, message, errors)
-        from .repl import Repl
+        try:
+            if message is not None:
+                return answer_once(session, message, errors)
+            from .repl import Repl
 
-        return Repl(session, Console(highlight=False), history_path()).run()
+            return Repl(session, Console(highlight=False), history_path()).run()
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
 
 
 def open_backend(options: ChatOptions, errors: Console) -> Backend:

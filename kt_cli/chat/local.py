@@ -26,7 +26,10 @@ class LocalBackend:
         if room < 1:
             raise ContextOverflow(f"the conversation is {len(prompt)} tokens; the context holds {self.ctx}")
         engine = self.llm.engine
-        request_id = engine.add_request(prompt, self._params(sampling, room))
+        try:
+            request_id = engine.add_request(prompt, self._params(sampling, room))
+        except KtError as err:
+            raise BackendError(str(err)) from None
         finished = False
         try:
             while not finished:

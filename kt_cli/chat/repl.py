@@ -26,11 +26,14 @@ class Repl:
                 text = self.reader.read()
             except (KeyboardInterrupt, EOFError):
                 return 0
-            if text.startswith("/"):
-                if run_command(self, text) is EXIT:
-                    return 0
-            elif text.strip():
-                self.send(text)
+            try:
+                if text.startswith("/"):
+                    if run_command(self, text) is EXIT:
+                        return 0
+                elif text.strip():
+                    self.send(text)
+            except KeyboardInterrupt:
+                self._end_line()
 
     def send(self, text: str) -> None:
         cancel = threading.Event()

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 SYSTEM = "You are a test."
 MAX_TOKENS = 8
-CTX = 192
+CTX = 320
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-Za-z]|\x1b[=>78]")
 STATS = r"(\d+) tokens · first token [\d.]+ s"
 FRANCE = "What is the capital of France?"
@@ -143,12 +143,13 @@ def squeeze(text: str) -> str:
     return "".join(text.split())
 
 
-def spawn_chat(tiny: TinyChatModel, home: Path, *options) -> tuple[pexpect.spawn, Screen]:
+def spawn_chat(tiny: TinyChatModel, home: Path, *options, wait: bool = True) -> tuple[pexpect.spawn, Screen]:
     child = pexpect.spawn(sys.executable, chat_args(tiny.directory, "--temperature", 0, "--threads", 1, *options),
                           env=chat_env(home), encoding="utf-8", dimensions=(50, 200), timeout=120)
     screen = Screen(child)
-    screen.wait_for(f"kt chat · {tiny.directory.name}")
-    screen.wait_for(">>>")
+    if wait:
+        screen.wait_for(f"kt chat · {tiny.directory.name}")
+        screen.wait_for(">>>")
     return child, screen
 
 
@@ -214,12 +215,12 @@ def _check_ctrl_c_stops_the_reply(tiny, child, screen, tmp_path, conversation):
     screen.command(f"/set max_tokens {MAX_TOKENS}", f"max_tokens = {MAX_TOKENS}")
     tokens, _ = screen.say("Short one")      # the engine let the stopped request go
     assert tokens == MAX_TOKENS
-    screen.command("/stats", r"conversation 10 messages; \d+ of 192 tokens used\n\s+replies\s+6, ")
+    screen.command("/stats", r"conversation 10 messages; \d+ of 320 tokens used\n\s+replies\s+6, ")
 
 
 def _check_context_overflow(child, screen):
-    overflow = r"error: the conversation is \d+ tokens; the context holds 192; /clear starts a new conversation"
-    screen.command("word " * 200, overflow)
+    overflow = r"error: the conversation is \d+ tokens; the context holds 320; /clear starts a new conversation"
+    screen.command("word " * 400, overflow)
     screen.command("/stats", "conversation 10 messages")                # the refused turn is not kept
     screen.command("/set max_tokens none", "max_tokens = None")
     child.sendline("more")
@@ -230,20 +231,34 @@ def _check_context_overflow(child, screen):
     screen.command("/stats", "conversation 0 messages")
 
 
-@pytest.mark.parametrize("key", ["ctrl-c", "ctrl-d"])
-def test_an_empty_prompt_leaves_on(key, tiny, tmp_path):
-    child, screen = spawn_chat(tiny, tmp_path / "home")
+def test_an_empty_prompt_leaves_on_ctrl_c_and_ctrl_d(tiny, tmp_path):
+    sessions = {key: spawn_chat(tiny, tmp_path / key, "--max-tokens", 2, wait=False)
+                for key in ("ctrl-c", "ctrl-d")}                  # started side by side
     try:
-        child.send("half a thought")
-        screen.wait_for("half a thought")
-        child.sendintr()                                   # Ctrl-C on a typed line clears it
-        screen.command("/stats", r"conversation 0 messages")
-        child.sendintr() if key == "ctrl-c" else child.sendeof()
-        child.expect(pexpect.EOF, timeout=30)
-        child.close()
-        assert child.exitstatus == 0
+        for key, (child, screen) in sessions.items():
+            screen.wait_for(">>>")
+            if key == "ctrl-c":
+                _check_a_fenced_block_is_one_message(child, screen, tmp_path)
+            child.send("half a thought")
+            screen.wait_for("half a thought")
+            child.sendintr()                                   # Ctrl-C on a typed line clears it
+            screen.command("/stats", r"conversation \d+ messages")
+            child.sendintr() if key == "ctrl-c" else child.sendeof()
+            child.expect(pexpect.EOF, timeout=30)
+            child.close()
+            assert child.exitstatus == 0, key
     finally:
-        child.terminate(force=True)
+        for child, _ in sessions.values():
+            child.terminate(force=True)
+
+
+def _check_a_fenced_block_is_one_message(child, screen, tmp_path):
+    child.sendline('"""first line')
+    child.sendline("")
+    screen.say('second line"""')
+    screen.command(f"/save {tmp_path / 'fenced.json'}", "saved 2 messages")
+    turns = json.loads((tmp_path / "fenced.json").read_text())["messages"]
+    assert turns[0] == {"role": "user", "content": "first line\n\nsecond line"}
 
 
 def test_in_process_backend_stops_and_frees_the_request(tiny):
