@@ -57,6 +57,34 @@ def eval_(
         render.perplexity(result, stdout)
 
 
+@app.command()
+def run(
+    model: str = typer.Argument(None, metavar="[MODEL]", help="GGUF file, model directory or cached repo id (default: the default model)"),
+    host: str = typer.Option("127.0.0.1", "--host", envvar="KT_HOST", help="address to bind (loopback by default)"),
+    port: int = typer.Option(8000, "--port", envvar="KT_PORT"),
+    api_key: str = typer.Option(None, "--api-key", envvar="KT_API_KEY", help="require 'Authorization: Bearer KEY' on /v1"),
+    served_model_name: str = typer.Option(None, "--served-model-name", help="model name clients send (default: file or directory name)"),
+    max_batch: int = typer.Option(8, "--max-batch", envvar="KT_MAX_BATCH", help="sequences decoded together"),
+    max_queue: int = typer.Option(64, "--max-queue", help="requests waiting beyond the batch (then 503)"),
+    ctx: int = typer.Option(None, "--ctx", envvar="KT_CTX", help="context length (default: the model's, capped at 4096)"),
+    threads: int = typer.Option(None, "--threads", envvar="KT_THREADS", help="kernel threads (default: physical cores)"),
+    kv_memory_gb: float = typer.Option(None, "--kv-memory-gb", help="KV cache budget"),
+    max_step_tokens: int = typer.Option(512, "--max-step-tokens", help="token budget per engine step (chunked prefill)"),
+    device: str = typer.Option("cpu", "--device", envvar="KT_DEVICE", help="cpu or cuda[:N] for attention/dense parts"),
+    prefix_cache_disk: str = typer.Option(None, "--prefix-cache-disk", help="directory for the disk tier of the prefix cache"),
+    prefix_cache_disk_gb: float = typer.Option(10.0, "--prefix-cache-disk-gb"),
+    prefix_cache_ram_gb: float = typer.Option(4.0, "--prefix-cache-ram-gb", help="host-RAM tier when the KV cache is on a GPU"),
+    log_level: str = typer.Option("warning", "--log-level"),
+) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)."""
+    from .server import ServeOptions, serve
+    serve(ServeOptions(
+        model=model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
+        max_batch=max_batch, max_queue=max_queue, ctx=ctx, threads=threads, kv_memory_gb=kv_memory_gb,
+        max_step_tokens=max_step_tokens, device=device, prefix_cache_disk=prefix_cache_disk,
+        prefix_cache_disk_gb=prefix_cache_disk_gb, prefix_cache_ram_gb=prefix_cache_ram_gb, log_level=log_level))
+
+
 def main() -> None:
     try:
         app()
