@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from kt_cli import LLM, SamplingParams, store
+from kt_cli import LLM, SamplingParams, hardware, store
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "llamacpp_bench.json"
 
@@ -24,7 +24,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--pp", type=int, nargs="*", default=[128, 512])
     parser.add_argument("--tg", type=int, nargs="*", default=[64])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="kt kernel threads")
+    parser.add_argument("--torch-threads", type=int, default=None)
     parser.add_argument("--json", action="store_true")
     return parser.parse_args()
 
@@ -63,33 +64,36 @@ def measure(llm: LLM, kind: str, n: int, repeats: int) -> dict:
             "stddev": statistics.stdev(rates) if len(rates) > 1 else 0.0}
 
 
-def llamacpp_figures(model: str) -> dict[str, float]:
+def llamacpp_figures(model: str) -> dict[str, dict]:
+    """llama-bench rows for this model file, keyed ppN, and tg for its one decode row."""
     if not REFERENCE.is_file():
         return {}
     rows = json.loads(REFERENCE.read_text())["rows"]
-    name = Path(model).name
-    return {(f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"): r["avg_ts"]
-            for r in rows if r["model"] == name}
+    return {(f"pp{r['n_prompt']}" if r["n_prompt"] else "tg"): {"tokens_per_s": r["avg_ts"], "n": r["n_gen"] or r["n_prompt"]}
+            for r in rows if r["model"] == Path(model).name}
 
 
 def main() -> None:
     args = parse_args()
     longest = max([*args.pp, *args.tg, 16]) + 2
-    llm = LLM(args.model, threads=args.threads, ctx=longest, max_batch=1, max_step_tokens=longest,
-              prefix_caching=False)
+    llm = LLM(args.model, threads=args.threads, torch_threads=args.torch_threads, ctx=longest,
+              max_batch=1, max_step_tokens=longest, prefix_caching=False)
     results = [measure(llm, "pp", n, args.repeats) for n in args.pp]
     results += [measure(llm, "tg", n, args.repeats) for n in args.tg]
     reference = llamacpp_figures(args.model)
     for row in results:
-        row["llamacpp_tokens_per_s"] = reference.get(row["test"])
+        row["llamacpp"] = reference.get(row["test"]) or reference.get(row["test"][:2])
     if args.json:
-        print(json.dumps({"model": args.model, "threads": torch.get_num_threads(), "results": results}, indent=1))
+        print(json.dumps({"model": args.model, "kt_threads": hardware.default_threads(),
+                          "torch_threads": torch.get_num_threads(), "results": results}, indent=1))
         return
-    print(f"{'test':>8} {'kt tok/s':>10} {'+/-':>7} {'llama.cpp':>10}")
+    print(f"{'test':>8} {'kt tok/s':>10} {'+/-':>7}   llama.cpp (same test or nearest n, 2 threads)")
     for row in results:
-        ref = row["llamacpp_tokens_per_s"]
-        print(f"{row['test']:>8} {row['tokens_per_s']:>10.2f} {row['stddev']:>7.2f} "
-              f"{(f'{ref:.2f}' if ref else '-'):>10}")
+        print(f"{row['test']:>8} {row['tokens_per_s']:>10.2f} {row['stddev']:>7.2f}   {_reference_text(row['llamacpp'])}")
+
+
+def _reference_text(ref: dict | None) -> str:
+    return f"{ref['tokens_per_s']:.2f} (n={ref['n']})" if ref else "-"
 
 
 if __name__ == "__main__":

@@ -27,10 +27,14 @@ DEFAULT_KV_RAM_SHARE = 0.2
 @dataclass(frozen=True)
 class LLMOptions:
     """ctx: context length (default: the model's, capped at 4096). kv_memory_gb: KV cache
-    budget (default: room for max_batch full contexts, at most a fifth of free RAM)."""
+    budget (default: room for max_batch full contexts, at most a fifth of free RAM).
+    threads: kt's kernel pool (default KT_THREADS, else the physical cores). torch_threads:
+    torch's intra-op threads for the small ops around the kernels (default 1 on the CPU:
+    measured on 2 busy cores, 2 torch threads made decode ~8x slower than 1)."""
     device: str = "cpu"
     dtype: torch.dtype | None = None
     threads: int | None = None
+    torch_threads: int | None = None
     max_batch: int = 8
     ctx: int | None = None
     kv_memory_gb: float | None = None
@@ -40,8 +44,10 @@ class LLMOptions:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise KtError(f"threads must be an integer >= 1, got {self.threads!r}")
+        for name in ("threads", "torch_threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise KtError(f"{name} must be an integer >= 1, got {value!r}")
         if self.kv_memory_gb is not None and not self.kv_memory_gb > 0:
             raise KtError(f"kv_memory_gb must be > 0, got {self.kv_memory_gb!r}")
         if self.ctx is not None and (not isinstance(self.ctx, int) or self.ctx < 2):
@@ -77,7 +83,7 @@ class LLM:
         from .models.registry import ModelOptions, build_model
 
         opts = LLMOptions.from_kwargs(options)
-        _set_threads(opts.threads)
+        _set_threads(opts)
         self.checkpoint = open_checkpoint(model)
         built = build_model(self.checkpoint, ModelOptions(device=opts.device, dtype=opts.dtype))
         self._start(built, self.checkpoint.tokenizer(), opts)
@@ -86,7 +92,7 @@ class LLM:
     def from_model(cls, model, tokenizer, **options) -> "LLM":
         """An LLM over a model object already built (tests, embedding in other programs)."""
         opts = LLMOptions.from_kwargs(options)
-        _set_threads(opts.threads)
+        _set_threads(opts)
         llm = cls.__new__(cls)
         llm.checkpoint = None
         llm._start(model, tokenizer, opts)
@@ -201,8 +207,9 @@ def _kv_budget(model, opts: LLMOptions, ctx: int) -> int:
     return max(min(wanted, ram_share), (ctx + opts.block_size) * per_token)
 
 
-def _set_threads(threads: int | None) -> None:
-    if threads is None:
-        return
-    torch.set_num_threads(threads)
-    os.environ["KT_THREADS"] = str(threads)   # read once when kt's native thread pool starts
+def _set_threads(opts: LLMOptions) -> None:
+    torch_threads = opts.torch_threads or (1 if opts.device == "cpu" else None)
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    if opts.threads is not None:
+        os.environ["KT_THREADS"] = str(opts.threads)   # read once when kt's native thread pool starts
