@@ -30,7 +30,11 @@ class LLMOptions:
     budget (default: room for max_batch full contexts, at most a fifth of free RAM).
     threads: kt's kernel pool (default KT_THREADS, else the physical cores). torch_threads:
     torch's intra-op threads for the small ops around the kernels (default 1 on the CPU:
-    measured on 2 busy cores, 2 torch threads made decode ~8x slower than 1)."""
+    measured on 2 busy cores, 2 torch threads made decode ~8x slower than 1).
+    gpu_experts .. decode_replace_tokens: routed-expert placement (kt_cli.placement.PlacementOptions:
+    gpu_experts per MoE layer or gpu_experts_ratio of all, default automatic on a GPU and 0
+    without; placement uniform|frequency|front-loading|random; expert_stats FILE for frequency;
+    record_expert_stats FILE; dynamic re-placement thresholds)."""
     device: str = "cpu"
     dtype: torch.dtype | None = None
     threads: int | None = None
@@ -42,8 +46,17 @@ class LLMOptions:
     max_step_tokens: int = 512
     prefix_caching: bool = True
     seed: int | None = None
+    gpu_experts: int | None = None
+    gpu_experts_ratio: float | None = None
+    placement: str = "uniform"
+    expert_stats: str | Path | None = None
+    placement_seed: int = 0
+    record_expert_stats: str | Path | None = None
+    prefill_replace_tokens: int | None = None
+    decode_replace_tokens: int | None = None
 
     def __post_init__(self):
+        self.placement_options()
         for name in ("threads", "torch_threads"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -52,6 +65,13 @@ class LLMOptions:
             raise KtError(f"kv_memory_gb must be > 0, got {self.kv_memory_gb!r}")
         if self.ctx is not None and (not isinstance(self.ctx, int) or self.ctx < 2):
             raise KtError(f"ctx must be an integer >= 2, got {self.ctx!r}")
+
+    def placement_options(self):
+        from .placement import PlacementOptions
+        return PlacementOptions(self.gpu_experts, self.gpu_experts_ratio, self.placement, self.expert_stats,
+                                self.placement_seed, self.record_expert_stats,
+                                prefill_replace_tokens=self.prefill_replace_tokens,
+                                decode_replace_tokens=self.decode_replace_tokens)
 
     @classmethod
     def from_kwargs(cls, options: dict) -> "LLMOptions":
@@ -99,10 +119,15 @@ class LLM:
         return llm
 
     def _start(self, model, tokenizer, opts: LLMOptions) -> None:
+        from .placement.attach import attach
+
         self.model, self.tokenizer, self.options = model, tokenizer, opts
         ctx = opts.ctx or min(_model_max_positions(model) or DEFAULT_CTX_CAP, DEFAULT_CTX_CAP)
+        kv_bytes = _kv_budget(model, opts, ctx)
+        self.placement = attach(model, opts.placement_options(), opts.device, kv_bytes, opts.max_step_tokens,
+                                self.checkpoint)
         config = EngineConfig(
-            ctx=ctx, kv_bytes=_kv_budget(model, opts, ctx), block_size=opts.block_size,
+            ctx=ctx, kv_bytes=kv_bytes, block_size=opts.block_size,
             max_batch=opts.max_batch, max_step_tokens=opts.max_step_tokens,
             prefix_caching=opts.prefix_caching, eos_token_ids=eos_token_ids(model, tokenizer), seed=opts.seed)
         self.engine = LLMEngine(model, tokenizer, config, device=opts.device)
@@ -145,6 +170,15 @@ class LLM:
         finally:
             if not finished:
                 self._abort({request_id})
+
+    def stats(self):
+        """Routed-expert placement: per-layer device/CPU split, hit rate, time split
+        (kt_cli.placement.PlacementStats; .to_dict() for JSON)."""
+        return self.placement.stats()
+
+    def save_expert_stats(self, path: str | Path) -> Path:
+        """Routed tokens per (MoE layer, expert) so far, for --placement frequency."""
+        return self.placement.save_expert_stats(path)
 
     def logits(self, token_lists: list[list[int]], start: int = 0) -> list[torch.Tensor]:
         """Teacher-forced logits at positions start.. of each list: [len - start, vocab] float32."""

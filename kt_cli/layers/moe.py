@@ -1,9 +1,23 @@
 """A sparse MoE block: router -> routed experts on the CPU through kt's fused
-operator (asynchronous), while the shared expert and any device-resident experts
+operator (asynchronous), while the shared expert and the device-resident experts
 run in torch; then the results are summed.
 
-Expert placement: experts whose `on_device` flag is set are computed in torch on
-the model's device; their ids are masked to -1 for the CPU operator, which skips them."""
+Expert placement: `on_device` [E] bool says which routed experts live on the model's
+device (dequantized into the compute dtype there, computed in torch); their ids reach
+the CPU operator as -1, which skips them. The CPU operator keeps borrowing every
+expert's stored matrix (the checkpoint's file mapping), so an expert can move between
+tiers at any time: `set_placement(row)` uploads or drops device copies and updates
+`on_device` in place (it may be a view of a model-wide [L, E] mask).
+
+One forward, and what each timer covers:
+  router(x) -> ids, weights                      (device)
+  ids/x/weights to the CPU, submit CPU experts    transfer_s
+  shared + device experts                         device_s   } overlap_s: both busy
+  wait for the CPU experts                        cpu_wait_s }
+  CPU result to the device, sum                   transfer_s"""
+
+import time
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -15,6 +29,7 @@ from .linear import Linear, Target
 from .mlp import GatedMLP, activation
 
 ExpertWeights = tuple[list[QMatrix], list[QMatrix], list[QMatrix]]   # gate, up, down per expert
+BLOCKED_WAIT_S = 20e-6     # a wait() longer than this found the CPU experts still running
 
 
 def cpu_experts(weights: ExpertWeights, act: str):
@@ -22,24 +37,48 @@ def cpu_experts(weights: ExpertWeights, act: str):
 
 
 class DeviceExperts(torch.nn.Module):
-    """The experts flagged in `on_device`, dequantized into the compute dtype."""
+    """Device copies of the experts currently placed there, in the compute dtype."""
 
-    def __init__(self, weights: ExpertWeights, on_device: torch.Tensor, target: Target, act: str):
+    def __init__(self, weights: ExpertWeights, target: Target, act: str):
         super().__init__()
-        self.act = activation(act)
-        self.index = {int(e): i for i, e in enumerate(on_device.nonzero().flatten())}
-        self.gate, self.up, self.down = ([target.put(m[e].dequantize()) for e in self.index] for m in weights)
+        self.source, self.target, self.act = weights, target, activation(act)
+        self.resident: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """x [T, H], ids/weights [T, K] on x's device -> [T, H]"""
+    def upload(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Device copies of expert e (safe to call from another thread)."""
+        return tuple(self.target.put(m[e].dequantize()) for m in self.source)
+
+    def install(self, e: int, tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        self.resident[e] = tensors
+
+    def place(self, e: int) -> None:
+        self.install(e, self.upload(e))
+
+    def evict(self, e: int) -> None:
+        del self.resident[e]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for mats in self.resident.values() for t in mats)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, on: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [T, H] and weights [T, K] on the device; ids [T, K] and on [T, K] bool on the CPU -> [T, H]"""
         out = torch.zeros_like(x)
-        for e, i in self.index.items():
-            tok, slot = torch.nonzero(ids == e, as_tuple=True)
-            if tok.numel() == 0:
-                continue
-            xe = x[tok]
-            h = self.act(xe @ self.gate[i].T) * (xe @ self.up[i].T)
-            out.index_add_(0, tok, (h @ self.down[i].T) * weights[tok, slot, None].to(x.dtype))
+        tok, slot = on.nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            return out
+        experts = ids[tok, slot]
+        order = experts.argsort(stable=True)
+        experts, counts = experts[order].unique_consecutive(return_counts=True)
+        tok, slot = tok[order].to(x.device), slot[order].to(x.device)
+        scale = weights[tok, slot].to(x.dtype)
+        start = 0
+        for e, n in zip(experts.tolist(), counts.tolist()):
+            rows = tok[start:start + n]
+            gate, up, down = self.resident[e]
+            xe = x[rows]
+            h = self.act(xe @ gate.T) * (xe @ up.T)
+            out.index_add_(0, rows, (h @ down.T) * scale[start:start + n, None])
+            start += n
         return out
 
 
@@ -55,6 +94,67 @@ class SharedExpert(torch.nn.Module):
         return y if self.gate is None else torch.sigmoid(self.gate(x)) * y
 
 
+@dataclass
+class MoETimes:
+    """Seconds summed over forward calls. cpu_s and overlap_s are exact for the `blocked` calls
+    (the CPU experts outlived the device work); the other calls add 0 to both (lower bounds)."""
+    calls: int = 0
+    blocked: int = 0
+    transfer_s: float = 0.0
+    device_s: float = 0.0
+    cpu_wait_s: float = 0.0
+    cpu_s: float = 0.0
+    overlap_s: float = 0.0
+
+    def add(self, other: "MoETimes") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+class ExpertUsage:
+    """Routed (token, expert) assignments of one layer, and how many the device served."""
+
+    def __init__(self, num_experts: int):
+        self.routed = torch.zeros(num_experts, dtype=torch.int64)
+        self.device_hits = 0
+        self.assignments = 0
+
+    def count(self, ids: torch.Tensor, on: torch.Tensor) -> None:
+        self.routed += torch.bincount(ids.flatten(), minlength=self.routed.numel())
+        self.device_hits += int(on.sum())
+        self.assignments += on.numel()
+
+    def reset(self) -> None:
+        self.routed.zero_()
+        self.device_hits = self.assignments = 0
+
+
+class _DeviceClock:
+    """Times the device work: CUDA events on a GPU (launches are asynchronous), wall time otherwise."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if self.cuda else None
+
+    def start(self) -> float:
+        if self.cuda:
+            self.events[0].record()
+        self.t0 = time.perf_counter()
+        return self.t0
+
+    def stop(self) -> float:
+        if self.cuda:
+            self.events[1].record()
+        self.t1 = time.perf_counter()
+        return self.t1
+
+    def seconds(self) -> float:
+        if self.cuda:
+            self.events[1].synchronize()
+            return self.events[0].elapsed_time(self.events[1]) / 1000.0
+        return self.t1 - self.t0
+
+
 class MoEBlock(torch.nn.Module):
     def __init__(self, router: torch.nn.Module, experts: ExpertWeights, target: Target,
                  shared: SharedExpert | None = None, on_device: list[bool] | None = None, act: str = "silu"):
@@ -62,28 +162,60 @@ class MoEBlock(torch.nn.Module):
         self.router, self.shared = router, shared
         self.num_experts = len(experts[0])
         self.cpu = cpu_experts(experts, act)
-        mask = _placement_mask(on_device, self.num_experts)
-        self.on_device = mask if mask.any() else None
-        self.device_experts = DeviceExperts(experts, mask, target, act) if mask.any() else None
+        self.device_experts = DeviceExperts(experts, target, act)
+        self.on_device = torch.zeros(self.num_experts, dtype=torch.bool)
+        self.usage, self.times = ExpertUsage(self.num_experts), MoETimes()
+        self.replacer = None        # optional hook: replacer.before_dispatch(block, ids [T, K] cpu)
+        self.set_placement(_placement_mask(on_device, self.num_experts))
+
+    def set_placement(self, row: torch.Tensor) -> int:
+        """Moves experts so that the device holds exactly `row` [E] bool; -> experts moved."""
+        row = torch.as_tensor(row, dtype=torch.bool).cpu()
+        if row.shape != self.on_device.shape:
+            raise ModelError(f"expert placement mask has {row.numel()} entries for {self.num_experts} experts")
+        leaving, arriving = (self.on_device & ~row).nonzero().flatten(), (row & ~self.on_device).nonzero().flatten()
+        for e in leaving.tolist():
+            self.device_experts.evict(e)
+        for e in arriving.tolist():
+            self.device_experts.place(e)
+        self.on_device.copy_(row)
+        return len(leaving) + len(arriving)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, H]"""
         weights, ids = self.router(x)                       # [T, K] f32, [T, K] int64
-        job = self.cpu.submit(x.to(torch.float32).cpu().contiguous(), self._cpu_ids(ids),
-                              weights.cpu().contiguous())
-        out = self.shared(x) if self.shared is not None else torch.zeros_like(x)
-        if self.device_experts is not None:
-            out = out + self.device_experts(x, ids, weights)
-        return out + job.wait().to(device=x.device, dtype=x.dtype)
-
-    def _cpu_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        times, clock = MoETimes(calls=1), _DeviceClock(x.device)
+        t0 = time.perf_counter()
         ids = ids.cpu()
-        if self.on_device is not None:
-            ids = ids.masked_fill(self.on_device[ids], -1)
-        return ids.to(torch.int32).contiguous()
+        if self.replacer is not None:
+            self.replacer.before_dispatch(self, ids)
+        on = self.on_device[ids]                            # [T, K] bool
+        job = self.cpu.submit(x.to(torch.float32).cpu().contiguous(),
+                              ids.masked_fill(on, -1).to(torch.int32).contiguous(), weights.cpu().contiguous())
+        times.transfer_s = clock.start() - t0
+        out = self.shared(x) if self.shared is not None else torch.zeros_like(x)
+        if self.device_experts.resident:
+            out = out + self.device_experts(x, ids, on, weights)
+        t_wait = clock.stop()
+        routed = job.wait()
+        t_done = time.perf_counter()
+        out = out + routed.to(device=x.device, dtype=x.dtype)
+        self._account(times, clock, t_wait, t_done)
+        self.usage.count(ids, on)
+        return out
+
+    def _account(self, times: MoETimes, clock: _DeviceClock, t_wait: float, t_done: float) -> None:
+        times.transfer_s += time.perf_counter() - t_done
+        times.cpu_wait_s = t_done - t_wait
+        times.device_s = clock.seconds()
+        if times.cpu_wait_s > BLOCKED_WAIT_S:
+            times.blocked = 1
+            times.cpu_s = t_done - clock.t0
+            times.overlap_s = min(times.device_s, times.cpu_s)
+        self.times.add(times)
 
 
-def _placement_mask(on_device: list[bool] | None, num_experts: int) -> torch.Tensor:
+def _placement_mask(on_device, num_experts: int) -> torch.Tensor:
     if on_device is None:
         return torch.zeros(num_experts, dtype=torch.bool)
     if len(on_device) != num_experts:
