@@ -38,6 +38,12 @@ typedef struct kt_pool kt_pool;
 kt_pool *kt_pool_new(int n_threads);
 void kt_pool_free(kt_pool *pool);
 int kt_pool_threads(const kt_pool *pool);
+/* Lets kernels on this pool use the AMX tile path (BF16/I8 weights, >= 16 tokens);
+ * off by default until that path has been verified on AMX hardware. Requests the
+ * OS permission for the tile state when enabling. Call while no job runs.
+ * Enabling is KT_EUNSUPPORTED on builds other than amx, or when the OS refuses
+ * the tile state; disabling always succeeds. */
+int kt_pool_set_amx_tiles(kt_pool *pool, int enabled);
 
 /* ---- memory bandwidth probe ---------------------------------------------------
  * Reads a private buffer of n_bytes `repeats` times across the pool's threads and
@@ -71,7 +77,9 @@ typedef struct kt_matrix {
 } kt_matrix;
 
 /* ---- activation quantization ----------------------------------------------------
- * Per-row symmetric INT8: x[r, :] ~= scale[r] * q[r, :], q in -127..127. */
+ * Per-row symmetric INT8: x[r, :] ~= scale[r] * q[r, :], q in -127..127.
+ * (A utility: the I8/I4 linear and MoE kernels quantize activations themselves,
+ * with one scale per 32 values of a row; see kt_linear_f32.) */
 
 int kt_quantize_rows_f32_i8(int8_t *q, float *scale, const float *x, int64_t rows, int64_t n);
 
@@ -83,7 +91,10 @@ int kt_quantize_rows_f32_i8(int8_t *q, float *scale, const float *x, int64_t row
 int kt_quantize_matrix_f32(kt_pool *pool, const kt_matrix *dst, const float *w);
 
 /* ---- dense linear --------------------------------------------------------------
- * out (m, w->rows) = x (m, w->cols) @ W^T, any format above. */
+ * out (m, w->rows) = x (m, w->cols) @ W^T, any format above. For I8/I4 weights x
+ * is first quantized to symmetric int8 with one scale per block of 32 values of
+ * each row (x[t, k] ~= s[t, k/32] * q[t, k], s = max |x| over the block / 127);
+ * the result is exact for that quantized x up to f32 rounding. */
 
 int kt_linear_f32(kt_pool *pool, float *out, const float *x, int64_t m, const kt_matrix *w);
 

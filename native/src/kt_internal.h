@@ -24,11 +24,27 @@ void kt_pool_run(kt_pool *pool, kt_task_fn fn, void *ctx, int64_t n_tasks);
 int kt_pool_run_async(kt_pool *pool, kt_task_fn fn, void *ctx, int64_t n_tasks);
 int kt_pool_wait(kt_pool *pool);
 
+/* ---- AMX tiles (amx variant) ---------------------------------------------------------
+ * KT_AMX_BUILD: this build (the amx variant) compiles the AMX tile kernels. */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__)
+#define KT_AMX_BUILD 1
+#endif
+
+/* Whether kernels run on `pool` may use the AMX tile path: 0 unless
+ * kt_pool_set_amx_tiles enabled it (never on other variants); 0 for a NULL pool. */
+int kt_pool_amx_tiles(const kt_pool *pool);
+
 /* ---- activations prepared for one weight format ------------------------------------
  * m token rows of length cols, converted once per (tokens, format) so every row
  * block of W reuses them: float formats use f32 (or bf16 for BF16 weights where
- * the ISA has a bf16 dot product), I8/I4 use per-token int8 with per-group sums
- * (needed for the zero-point/min term of asymmetric formats). */
+ * the ISA has a bf16 dot product); I8/I4 use symmetric int8 with one scale per
+ * block of KT_ACT_BLOCK values of a token row (the last block of a row may be
+ * shorter: cols % 32 == 16 happens for I8 with group 16), plus per-group sums of
+ * the dequantized activations (the zero-point/min term of I4 and asymmetric W):
+ *   x[t, k] ~= q_scale[t, k / 32] * q[t, k]
+ *   q_group_sum[t, g] = sum over k in group g of q_scale[t, k / 32] * q[t, k] */
+#define KT_ACT_BLOCK 32
+
 typedef struct kt_acts {
     int64_t m;
     int64_t cols;
@@ -37,23 +53,27 @@ typedef struct kt_acts {
     const float *f32;      /* [m, cols] */
     uint16_t *bf16;        /* [m, cols] or NULL */
     int8_t *q;             /* [m, cols] or NULL */
-    float *q_scale;        /* [m] */
-    float *q_group_sum;    /* [m, cols/group]: sum of q over each group, as float */
-    /* amx variant, m >= KT_AMX_MIN_TOKENS: the same tokens in AMX B-tile panels
-     * (layout in simd_amx.h), padded with zero tokens to a multiple of 16; else NULL */
+    float *q_scale;        /* [m, n_blocks], n_blocks = ceil(cols / 32) */
+    float *q_group_sum;    /* [m, cols / group] */
+    /* amx variant, AMX tiles enabled on the pool and m >= KT_AMX_MIN_TOKENS: the
+     * same tokens in AMX B-tile panels (layout in simd_amx.h), padded with zero
+     * tokens to a multiple of 16; else NULL */
     uint16_t *amx_bf16;    /* BF16: [m16/16][cols/32][16][16][2] */
-    int8_t *amx_q;         /* I8:   [m16/16][cols/64][16][16][4] */
-    float *amx_gsum;       /* I8:   [m16/16][cols/group][16] */
-    float *amx_scale;      /* I8:   [m16] q_scale, zero-padded */
+    int8_t *amx_q;         /* I8:   [m16/16][cols/32][8][16][4] */
+    float *amx_gsum;       /* I8:   [m16/16][cols/group][16] q_group_sum, transposed */
+    float *amx_scale;      /* I8:   [m16/16][cols/32][16] q_scale, transposed */
 } kt_acts;
 
 /* Token count from which kt_acts_prepare lays out AMX panels (amx variant). */
 #define KT_AMX_MIN_TOKENS 16
 
-/* Bytes of scratch kt_acts_prepare needs for m rows against matrix w. */
-size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m);
-/* Fills acts from x [m, w->cols] using `scratch` (kt_acts_scratch_bytes long, 64-byte aligned). */
-int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w, void *scratch);
+/* Bytes of scratch kt_acts_prepare needs for m rows against matrix w; amx_tiles
+ * as kt_pool_amx_tiles of the pool the kernels will run on. */
+size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles);
+/* Fills acts from x [m, w->cols] using `scratch` (kt_acts_scratch_bytes long, 64-byte
+ * aligned); AMX panels only when amx_tiles is set (and the build and shape allow). */
+int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w, int amx_tiles,
+                    void *scratch);
 
 /* out[i * ldo + (r - r0)] = dot(W row r, token i) for i in [0, acts->m), r in [r0, r1).
  * Single-threaded: callers split rows (and experts) across the pool. */

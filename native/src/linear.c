@@ -265,12 +265,13 @@ int kt_linear_f32(kt_pool *pool, float *out, const float *x, int64_t m, const kt
 {
     if (!out || !x || m < 1 || kt_matrix_check(w) != KT_OK)
         return KT_EINVAL;
-    size_t bytes = kt_acts_scratch_bytes(w, m);
+    int amx_tiles = kt_pool_amx_tiles(pool);
+    size_t bytes = kt_acts_scratch_bytes(w, m, amx_tiles);
     void *scratch = bytes > 0 ? thread_scratch(bytes) : NULL;
     if (bytes > 0 && !scratch)
         return KT_ENOMEM;
     kt_acts acts;
-    int rc = kt_acts_prepare(&acts, x, m, w, scratch);
+    int rc = kt_acts_prepare(&acts, x, m, w, amx_tiles, scratch);
     if (rc != KT_OK)
         return rc;
     int threads = pool ? kt_pool_threads(pool) : 1;

@@ -81,6 +81,7 @@ typedef struct moe_plan {
     float *xg, *inter;        /* [N, H], [N, I] */
     float *tmp;               /* [threads, tmp_stride] */
     int64_t tmp_stride;
+    int amx_tiles;            /* kt_pool_amx_tiles of the pool this call runs on */
 } moe_plan;
 
 typedef struct grow_buf {
@@ -177,7 +178,7 @@ static void activate(const kt_moe_desc *d, float *g, const float *u, int64_t n)
 static void prepare_or_flag(moe_plan *p, kt_acts *acts, const float *x, int64_t m,
                             const kt_matrix *w, void *scratch)
 {
-    if (kt_acts_prepare(acts, x, m, w, scratch) != KT_OK) {
+    if (kt_acts_prepare(acts, x, m, w, p->amx_tiles, scratch) != KT_OK) {
         memset(acts, 0, sizeof *acts);
         atomic_store_explicit(&p->failed, 1, memory_order_relaxed);
     }
@@ -381,8 +382,8 @@ static int assign_acts_scratch(kt_moe *moe, moe_plan *p)
         }
         for (int32_t u = 0; u < p->n_units; u++) {
             const moe_unit *un = &p->units[u];
-            void *g = take(&c, kt_acts_scratch_bytes(&moe->desc.gate[un->expert], un->m));
-            void *dn = take(&c, kt_acts_scratch_bytes(&moe->desc.down[un->expert], un->m));
+            void *g = take(&c, kt_acts_scratch_bytes(&moe->desc.gate[un->expert], un->m, p->amx_tiles));
+            void *dn = take(&c, kt_acts_scratch_bytes(&moe->desc.down[un->expert], un->m, p->amx_tiles));
             if (pass == 1) {
                 p->scr_gu[u] = g;
                 p->scr_dn[u] = dn;
@@ -392,10 +393,12 @@ static int assign_acts_scratch(kt_moe *moe, moe_plan *p)
     return KT_OK;
 }
 
-static int plan_call(kt_moe *moe, int threads, float *out, const float *x,
+static int plan_call(kt_moe *moe, const kt_pool *pool, float *out, const float *x,
                      const int32_t *ids, const float *weights, int64_t T, int64_t K)
 {
     moe_plan *p = &moe->plan;
+    int threads = kt_pool_threads(pool);
+    p->amx_tiles = kt_pool_amx_tiles(pool);
     int64_t valid = count_pairs(moe, ids, T * K);
     if (valid < 0)
         return KT_EINVAL;
@@ -492,7 +495,7 @@ static int launch(kt_pool *pool, kt_moe *moe, float *out, const float *x, const 
     int idle = 0;
     if (!atomic_compare_exchange_strong(&moe->busy, &idle, 1))
         return KT_EBUSY;
-    int rc = plan_call(moe, kt_pool_threads(pool), out, x, ids, weights, T, K);
+    int rc = plan_call(moe, pool, out, x, ids, weights, T, K);
     if (rc == KT_OK && async)
         rc = kt_pool_run_async(pool, moe_task, moe, moe->plan.n_tasks);
     else if (rc == KT_OK)

@@ -1,5 +1,6 @@
 /* quant.c: round-to-nearest quantization of weights (I8/I4, kt-q1 layout) and
- * of activations (per-row symmetric int8), and the per-format activation
+ * of activations (symmetric int8: per row for kt_quantize_rows_f32_i8, per
+ * 32-value block of a row for the kernels), and the per-format activation
  * preparation every matrix-rows kernel consumes.
  *
  * Every code q is computed as clamp(rint((x - offset) / scale + bias)) with
@@ -201,10 +202,11 @@ int kt_quantize_matrix_f32(kt_pool *pool, const kt_matrix *dst, const float *w)
 }
 
 /* ---- activations prepared for one weight format -------------------------------------
- * Scratch layout (each part 64-byte aligned):
- *   integer formats: q int8 [m, cols] | q_scale f32 [m] | q_group_sum f32 [m, cols/group]
+ * Scratch layout (each part 64-byte aligned), nb = ceil(cols / 32):
+ *   integer formats: q int8 [m, cols] | q_scale f32 [m, nb] | q_group_sum f32 [m, cols/group]
  *   BF16 where the ISA has a bf16 dot product: bf16 [m, cols]
- *   other float formats: nothing (the kernels read x directly). */
+ *   other float formats: nothing (the kernels read x directly)
+ *   then, with AMX tiles, the AMX panels. */
 
 static int uses_bf16_acts(int32_t format)
 {
@@ -216,63 +218,93 @@ static int uses_bf16_acts(int32_t format)
 #endif
 }
 
-/* AMX panels (amx variant only): BF16 needs cols % 32 == 0, I8 group % 64 == 0. */
-static int uses_amx(const kt_matrix *w, int64_t m)
+/* AMX panels (amx variant, tiles enabled): BF16 needs cols % 32 == 0, I8 group % 32 == 0. */
+static int uses_amx(const kt_matrix *w, int64_t m, int amx_tiles)
 {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__)
-    if (m < KT_AMX_MIN_TOKENS)
+#if defined(KT_AMX_BUILD)
+    if (!amx_tiles || m < KT_AMX_MIN_TOKENS)
         return 0;
-    return (w->format == KT_BF16 && w->cols % 32 == 0) || (w->format == KT_I8 && w->group % 64 == 0);
+    return (w->format == KT_BF16 && w->cols % 32 == 0) || (w->format == KT_I8 && w->group % 32 == 0);
 #else
     (void)w;
     (void)m;
+    (void)amx_tiles;
     return 0;
 #endif
 }
 
-static size_t amx_bytes(const kt_matrix *w, int64_t m)
+static size_t n_act_blocks(int64_t cols)
 {
-    if (!uses_amx(w, m))
+    return (size_t)(cols + KT_ACT_BLOCK - 1) / KT_ACT_BLOCK;
+}
+
+static size_t amx_bytes(const kt_matrix *w, int64_t m, int amx_tiles)
+{
+    if (!uses_amx(w, m, amx_tiles))
         return 0;
     size_t m16 = (size_t)(m + 15) / 16 * 16, cols = (size_t)w->cols;
     if (w->format == KT_BF16)
         return ALIGN64(m16 * cols * 2);
-    return ALIGN64(m16 * cols) + ALIGN64(m16 * (cols / (size_t)w->group) * 4) + ALIGN64(m16 * 4);
+    return ALIGN64(m16 * cols) + ALIGN64(m16 * (cols / (size_t)w->group) * 4) +
+           ALIGN64(m16 * n_act_blocks(w->cols) * 4);
 }
 
-size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m)
+static size_t int8_bytes(const kt_matrix *w, int64_t m)
+{
+    size_t mm = (size_t)m, cols = (size_t)w->cols;
+    return ALIGN64(mm * cols) + ALIGN64(mm * n_act_blocks(w->cols) * 4) +
+           ALIGN64(mm * (cols / (size_t)w->group) * 4);
+}
+
+size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles)
 {
     if (m < 1 || kt_matrix_check(w) != KT_OK)
         return 0;
-    size_t mm = (size_t)m, cols = (size_t)w->cols;
     if (w->format == KT_I8 || w->format == KT_I4)
-        return ALIGN64(mm * cols) + ALIGN64(mm * 4) + ALIGN64(mm * (cols / (size_t)w->group) * 4) +
-               amx_bytes(w, m);
+        return int8_bytes(w, m) + amx_bytes(w, m, amx_tiles);
     if (uses_bf16_acts(w->format))
-        return ALIGN64(mm * cols * 2) + amx_bytes(w, m);
+        return ALIGN64((size_t)m * (size_t)w->cols * 2) + amx_bytes(w, m, amx_tiles);
     return 0;
 }
 
-static void group_sums(float *sums, const int8_t *q, int64_t cols, int64_t group)
+/* One token row: q[k] = rint(x[k] / s_b), s_b = max |x| over block b / 127. */
+static void quantize_blocks_i8(int8_t *q, float *scale, const float *x, int64_t n)
+{
+    for (int64_t k = 0, b = 0; k < n; k += KT_ACT_BLOCK, b++) {
+        int64_t len = n - k < KT_ACT_BLOCK ? n - k : KT_ACT_BLOCK;
+        scale[b] = abs_max(x + k, len) / 127.0f;
+        quantize_span(q + k, x + k, len, (struct code_rule){scale[b], 0.0f, 0.0f, -127.0f, 127.0f});
+    }
+}
+
+/* Sums of the dequantized activations s_b * q[k] over each group (group % 16 == 0):
+ * integer sums over 16 values, each inside one block, scaled once. */
+static void group_sums(float *sums, const int8_t *q, const float *scale, int64_t cols, int64_t group)
 {
     for (int64_t g = 0; g < cols / group; g++) {
-        int32_t s = 0;
-        for (int64_t k = 0; k < group; k++)
-            s += q[g * group + k];
-        sums[g] = (float)s;
+        float s = 0.0f;
+        for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
+            int32_t part = 0;
+            for (int j = 0; j < 16; j++)
+                part += q[k + j];
+            s += scale[k / KT_ACT_BLOCK] * (float)part;
+        }
+        sums[g] = s;
     }
 }
 
 static void prepare_int8(kt_acts *a, const float *x, int64_t m, const kt_matrix *w, char *scratch)
 {
-    size_t mm = (size_t)m, cols = (size_t)w->cols;
+    size_t mm = (size_t)m, cols = (size_t)w->cols, nb = n_act_blocks(w->cols);
     a->q = (int8_t *)scratch;
     a->q_scale = (float *)(scratch + ALIGN64(mm * cols));
-    a->q_group_sum = (float *)(scratch + ALIGN64(mm * cols) + ALIGN64(mm * 4));
+    a->q_group_sum = (float *)(scratch + ALIGN64(mm * cols) + ALIGN64(mm * nb * 4));
     int64_t n_groups = w->cols / w->group;
     for (int64_t t = 0; t < m; t++) {
-        a->q_scale[t] = quantize_row_i8(a->q + t * w->cols, x + t * w->cols, w->cols);
-        group_sums(a->q_group_sum + t * n_groups, a->q + t * w->cols, w->cols, w->group);
+        int8_t *qt = a->q + t * w->cols;
+        float *st = a->q_scale + t * (int64_t)nb;
+        quantize_blocks_i8(qt, st, x + t * w->cols, w->cols);
+        group_sums(a->q_group_sum + t * n_groups, qt, st, w->cols, w->group);
     }
 }
 
@@ -299,30 +331,35 @@ static void amx_fill_bf16(uint16_t *panel, const float *x, int64_t m, int64_t co
         }
 }
 
-/* int8 panels: (token t, column k) at [tb][kc][k/4 % 16][t % 16][k % 4]; group sums
- * transposed to [tb][g][t % 16] and the token scales padded, zeros for padding. */
+/* int8 panels, one per 32-column block b: (token t, column k) at
+ * [tb][b][k/4 % 8][t % 16][k % 4]; block scales and group sums transposed to
+ * [tb][b][t % 16] and [tb][g][t % 16]; zeros for the padding tokens. */
 static void amx_fill_i8(kt_acts *a, char *base, int64_t m, int64_t cols, int64_t group)
 {
-    int64_t m16 = (m + 15) / 16 * 16, n_kc = cols / 64, n_groups = cols / group;
+    int64_t m16 = (m + 15) / 16 * 16, nb = cols / 32, n_groups = cols / group;
     a->amx_q = (int8_t *)base;
     a->amx_gsum = (float *)(base + ALIGN64((size_t)(m16 * cols)));
     a->amx_scale = (float *)((char *)a->amx_gsum + ALIGN64((size_t)(m16 * n_groups * 4)));
     for (int64_t t = 0; t < m16; t++) {
+        int64_t tb = t / 16, tl = t % 16;
         for (int64_t k = 0; k < cols; k++) {
-            int64_t at = (((t / 16) * n_kc + k / 64) * 16 + (k % 64) / 4) * 64 + (t % 16) * 4 + k % 4;
+            int64_t at = ((tb * nb + k / 32) * 8 + (k % 32) / 4) * 64 + tl * 4 + k % 4;
             a->amx_q[at] = t < m ? a->q[t * cols + k] : 0;
         }
+        for (int64_t b = 0; b < nb; b++)
+            a->amx_scale[(tb * nb + b) * 16 + tl] = t < m ? a->q_scale[t * nb + b] : 0.0f;
         for (int64_t g = 0; g < n_groups; g++)
-            a->amx_gsum[((t / 16) * n_groups + g) * 16 + t % 16] = t < m ? a->q_group_sum[t * n_groups + g] : 0.0f;
-        a->amx_scale[t] = t < m ? a->q_scale[t] : 0.0f;
+            a->amx_gsum[(tb * n_groups + g) * 16 + tl] = t < m ? a->q_group_sum[t * n_groups + g] : 0.0f;
     }
 }
 
-int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w, void *scratch)
+int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w, int amx_tiles,
+                    void *scratch)
 {
     if (!acts || !x || m < 1 || kt_matrix_check(w) != KT_OK)
         return KT_EINVAL;
-    if (kt_acts_scratch_bytes(w, m) > 0 && !scratch)
+    size_t bytes = kt_acts_scratch_bytes(w, m, amx_tiles);
+    if (bytes > 0 && !scratch)
         return KT_EINVAL;
     memset(acts, 0, sizeof *acts);
     acts->m = m;
@@ -330,17 +367,18 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
     acts->format = w->format;
     acts->group = w->group;
     acts->f32 = x;
-    size_t base = kt_acts_scratch_bytes(w, m) - amx_bytes(w, m);   /* the AMX panels go last */
+    size_t panel_bytes = amx_bytes(w, m, amx_tiles);
+    char *panels = panel_bytes ? (char *)scratch + (bytes - panel_bytes) : NULL;   /* the AMX panels go last */
     if (w->format == KT_I8 || w->format == KT_I4) {
         prepare_int8(acts, x, m, w, scratch);
-        if (uses_amx(w, m))
-            amx_fill_i8(acts, (char *)scratch + base, m, w->cols, w->group);
+        if (uses_amx(w, m, amx_tiles))
+            amx_fill_i8(acts, panels, m, w->cols, w->group);
     } else if (uses_bf16_acts(w->format)) {
         acts->bf16 = scratch;
         for (int64_t i = 0; i < m * w->cols; i++)
             acts->bf16[i] = f32_to_bf16(x[i]);
-        if (uses_amx(w, m)) {
-            acts->amx_bf16 = (uint16_t *)((char *)scratch + base);
+        if (uses_amx(w, m, amx_tiles)) {
+            acts->amx_bf16 = (uint16_t *)panels;
             amx_fill_bf16(acts->amx_bf16, x, m, w->cols);
         }
     }

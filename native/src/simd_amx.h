@@ -1,34 +1,40 @@
 /* simd_amx.h: AMX tile kernels for BF16 and I8 weights (amx variant only),
  * included by linear.c. Used for full 16-row blocks of W when the activations
- * were prepared in AMX panels (kt_acts.amx_*, m >= KT_AMX_MIN_TOKENS); the
- * AVX-512 kernels do everything else.
+ * were prepared in AMX panels (kt_acts.amx_*: AMX tiles enabled on the pool,
+ * m >= KT_AMX_MIN_TOKENS); the AVX-512 kernels do everything else.
+ * NOT YET VERIFIED on AMX hardware: written without it, so off unless
+ * kt_pool_set_amx_tiles enabled it (Python: KT_AMX_TILES=1).
  *
  * Roles: C (16 weight rows x 16 tokens) += A (16 weight rows x K) . B (K x 16 tokens).
- *   A is read straight from W: 16 rows of 64 bytes, row stride = the row's bytes.
+ *   A is read straight from W: 16 rows of 64 (bf16) or 32 (int8) bytes, row
+ *   stride = the row's bytes.
  *   B is a panel of the activations in the "VNNI" order the tile instructions
- *   expect: 16 rows of 64 bytes, row k holding, for each token n, the 2 (bf16) or
+ *   expect: rows of 64 bytes, row k holding, for each token n, the 2 (bf16) or
  *   4 (int8) consecutive k-elements that pair with A's dword k:
  *     tdpbf16ps: C[i][n] += sum_{k<16} A[i].bf16[2k+j] * B[k].bf16[2n+j], j < 2
- *     tdpbssd:   C[i][n] += sum_{k<16} A[i].s8[4k+j]   * B[k].s8[4n+j],   j < 4
+ *     tdpbssd:   C[i][n] += sum_{k<8}  A[i].s8[4k+j]   * B[k].s8[4n+j],   j < 4
  *   quant.c builds the panels: bf16 panel (tb, kc) covers tokens [16tb, 16tb+16)
- *   and columns [32kc, 32kc+32); int8 panel (tb, kc) columns [64kc, 64kc+64).
- *   Padding tokens are zero; their outputs are never stored.
+ *   and columns [32kc, 32kc+32) (16 rows); int8 panel (tb, b) the 32 columns of
+ *   activation block b (8 rows). Padding tokens are zero; their outputs are
+ *   never stored.
  *
- * I8 groups (group % 64 == 0): C restarts at zero for every group, then each row
- * i folds it into 16 float lanes (one per token):
- *   acc[i] += scale[i][g] * C[i]  (+ min[i][g] * groupsum[g] for asymmetric W)
- *   out[t][i] = q_scale[t] * acc[i][t]
+ * I8 (group % 32 == 0): one tdpbssd per 32-column activation block, C restarting
+ * at zero, so each block's int32 sums meet their own token scales sa[b] (one per
+ * C column, a 16-lane vector) and the row's group scale:
+ *   acc[i] += (scale[i][g] * sa[b]) * C[i]                       per block b
+ *   acc[i] += min[i][g] * groupsum[g]                            per group, asymmetric W
+ *   out[t][i] = acc[i][t]
  *
  * Tiles: 0 = C, 1 = A, 2 = B. Configuration (palette 1, 64-byte struct) is
- * loaded per call on the calling thread and released at the end.
+ * loaded per call on the calling thread, per format, and released at the end.
  */
 #ifndef KT_SIMD_AMX_H
 #define KT_SIMD_AMX_H
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__)
+#include "kt_internal.h"
+#if defined(KT_AMX_BUILD)
 #include <immintrin.h>
 #include <string.h>
-#include "kt_internal.h"
 
 #define KT_HAVE_AMX 1
 #define AMX_ROWS 16
@@ -41,15 +47,18 @@ struct amx_tilecfg {
     uint8_t rows[16];       /* rows of tile i */
 };
 
-static void amx_configure(void)
+/* C 16 x 64 bytes; A 16 rows x a_bytes; B b_rows x 64 bytes */
+static void amx_configure(int a_bytes, int b_rows)
 {
     struct amx_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette_id = 1;
-    for (int i = 0; i < 3; i++) {
-        cfg.colsb[i] = 64;
-        cfg.rows[i] = 16;
-    }
+    cfg.colsb[0] = 64;
+    cfg.rows[0] = 16;
+    cfg.colsb[1] = (uint16_t)a_bytes;
+    cfg.rows[1] = 16;
+    cfg.colsb[2] = 64;
+    cfg.rows[2] = (uint8_t)b_rows;
     _tile_loadconfig(&cfg);
 }
 
@@ -80,38 +89,41 @@ static void amx_bf16_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r
     amx_store_f32(out + tb * 16 * ldo, ldo, (const float (*)[16])c, left < 16 ? (int)left : 16);
 }
 
-/* I8 (group % 64 == 0): 16 rows starting at `row` against token block tb. */
+/* I8 (group % 32 == 0): 16 rows starting at `row` against token block tb. */
 static void amx_i8_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t row,
                         const kt_acts *a, int64_t tb)
 {
-    int64_t cols = w->cols, n_kc = cols / 64, n_groups = cols / w->group, per_group = w->group / 64;
+    int64_t cols = w->cols, nb = cols / 32, n_groups = cols / w->group;
     const int8_t *wrow = (const int8_t *)w->data + row * cols;
-    const int8_t *panel = a->amx_q + tb * n_kc * 1024;
+    const int8_t *panel = a->amx_q + tb * nb * 512;
+    const float *sa = a->amx_scale + tb * nb * 16;
     const float *gsum = a->amx_gsum + tb * n_groups * 16;
     int32_t c[16][16] __attribute__((aligned(64)));
     __m512 acc[16];
     for (int i = 0; i < AMX_ROWS; i++)
         acc[i] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < n_groups; g++) {
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t g = b * 32 / w->group;
         _tile_zero(0);
-        for (int64_t kc = g * per_group; kc < (g + 1) * per_group; kc++) {
-            _tile_loadd(1, wrow + kc * 64, cols);
-            _tile_loadd(2, panel + kc * 1024, 64);
-            _tile_dpbssd(0, 1, 2);
-        }
+        _tile_loadd(1, wrow + b * 32, cols);
+        _tile_loadd(2, panel + b * 512, 64);
+        _tile_dpbssd(0, 1, 2);
         _tile_stored(0, c, 64);
-        __m512 gs = _mm512_loadu_ps(gsum + g * 16);
+        __m512 sab = _mm512_loadu_ps(sa + b * 16);
         for (int i = 0; i < AMX_ROWS; i++) {
             __m512 ci = _mm512_cvtepi32_ps(_mm512_load_si512(c[i]));
-            acc[i] = _mm512_fmadd_ps(ci, _mm512_set1_ps(w->scale[(row + i) * n_groups + g]), acc[i]);
-            if (w->min)
-                acc[i] = _mm512_fmadd_ps(gs, _mm512_set1_ps(w->min[(row + i) * n_groups + g]), acc[i]);
+            __m512 s = _mm512_mul_ps(sab, _mm512_set1_ps(w->scale[(row + i) * n_groups + g]));
+            acc[i] = _mm512_fmadd_ps(ci, s, acc[i]);
         }
     }
-    __m512 sa = _mm512_loadu_ps(a->amx_scale + tb * 16);
+    for (int64_t g = 0; g < n_groups && w->min; g++) {
+        __m512 gs = _mm512_loadu_ps(gsum + g * 16);
+        for (int i = 0; i < AMX_ROWS; i++)
+            acc[i] = _mm512_fmadd_ps(gs, _mm512_set1_ps(w->min[(row + i) * n_groups + g]), acc[i]);
+    }
     float res[16][16] __attribute__((aligned(64)));
     for (int i = 0; i < AMX_ROWS; i++)
-        _mm512_store_ps(res[i], _mm512_mul_ps(acc[i], sa));
+        _mm512_store_ps(res[i], acc[i]);
     int64_t left = a->m - tb * 16;
     amx_store_f32(out + tb * 16 * ldo, ldo, (const float (*)[16])res, left < 16 ? (int)left : 16);
 }
@@ -121,7 +133,10 @@ static void amx_rows(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, in
                      int64_t b1, const kt_acts *a)
 {
     int64_t n_tb = (a->m + 15) / 16;
-    amx_configure();
+    if (w->format == KT_BF16)
+        amx_configure(64, 16);
+    else
+        amx_configure(32, 8);
     for (int64_t r = b0; r < b1; r += AMX_ROWS) {
         for (int64_t tb = 0; tb < n_tb; tb++) {
             if (w->format == KT_BF16)

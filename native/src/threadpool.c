@@ -56,6 +56,7 @@ struct kt_pool {
     _Atomic int64_t tasks_done;
     _Atomic int done_flag;      /* mirror of `done` for spinning waiters */
     _Atomic int stop;
+    int amx_tiles;              /* kt_pool_set_amx_tiles; read by the kernels' callers */
 
     /* the current job; written only while no job runs and the ticket is CLOSED */
     kt_task_fn fn;
@@ -234,6 +235,25 @@ void kt_pool_free(kt_pool *pool)
 int kt_pool_threads(const kt_pool *pool)
 {
     return pool ? pool->n_threads : 0;
+}
+
+int kt_pool_set_amx_tiles(kt_pool *pool, int enabled)
+{
+    if (!pool)
+        return KT_EINVAL;
+#if defined(KT_AMX_BUILD)
+    if (enabled && kt_amx_request_permission() != KT_OK)
+        return KT_EUNSUPPORTED;
+    pool->amx_tiles = enabled != 0;
+    return KT_OK;
+#else
+    return enabled ? KT_EUNSUPPORTED : KT_OK;
+#endif
+}
+
+int kt_pool_amx_tiles(const kt_pool *pool)
+{
+    return pool ? pool->amx_tiles : 0;
 }
 
 /* ---- posting jobs ------------------------------------------------------------ */
