@@ -28,6 +28,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-cache-ram-gb", type=float, default=4.0)
     p.add_argument("--shutdown-timeout-s", type=float, default=10.0)
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--gpu-experts", type=int, metavar="N", help="routed experts per MoE layer on the GPU (default: auto; 0 without a GPU)")
+    p.add_argument("--gpu-experts-ratio", type=float, metavar="R", help="share of all routed experts on the GPU (0..1)")
+    p.add_argument("--placement", default="uniform", choices=["uniform", "frequency", "front-loading", "random"])
+    p.add_argument("--expert-stats", type=Path, metavar="FILE", help="recorded expert statistics, for --placement frequency")
+    p.add_argument("--record-expert-stats", type=Path, metavar="FILE", help="write routed-token counts (.json or .safetensors)")
+    p.add_argument("--prefill-replace-tokens", type=int, metavar="N", help="re-place device experts on each prefill of >= N tokens")
+    p.add_argument("--decode-replace-tokens", type=int, metavar="N", help="swap hot experts in every N decode tokens (background upload)")
     return p
 
 

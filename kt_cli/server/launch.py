@@ -69,9 +69,10 @@ def load(options: ServeOptions) -> Server:
     from ..llm import LLM
 
     llm = LLM(options.model, device=options.device, threads=options.threads, max_batch=options.max_batch,
-              ctx=options.ctx, kv_memory_gb=options.kv_memory_gb, max_step_tokens=options.max_step_tokens)
+              ctx=options.ctx, kv_memory_gb=options.kv_memory_gb, max_step_tokens=options.max_step_tokens,
+              **options.placement_options())
     store = prefix_store(options, llm.engine)
-    metrics = Metrics(tiers=store.stats() if store else {})
+    metrics = Metrics(tiers=store.stats() if store else {}, placement=llm.stats)
     loop = EngineLoop(llm.engine, metrics, options.max_batch + options.max_queue)
     state = ServerState(loop, llm.tokenizer, options.name_to_serve(), llm.ctx, metrics, options.api_key)
     state.on_shutdown = _shutdown_once(loop, store, llm.engine)
@@ -144,6 +145,7 @@ def summary_rows(server: Server) -> list[tuple[str, str]]:
                     f"step {config.max_step_tokens} tokens"),
         ("KV cache", f"{kv_bytes / GIB:.2f} GiB = {blocks.num_blocks} blocks x {config.block_size} tokens"),
         ("prefix cache", _tiers_text(server.store)),
+        ("experts", server.llm.stats().summary()),
         ("API key", "required" if options.api_key else "none (open to anyone who can reach the port)"),
         ("URL", f"{options.url}/v1"),
     ]

@@ -5,6 +5,7 @@ the engine thread (after each step). Each value has one writer, so no lock is ne
 
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 TOKEN_RATE_WINDOW_S = 10.0
@@ -30,6 +31,7 @@ class Metrics:
     in_flight: int = 0
     engine: EngineGauges = field(default_factory=EngineGauges)
     tiers: dict = field(default_factory=dict)                    # tier name -> TierStats
+    placement: Callable | None = None                            # -> kt_cli.placement.PlacementStats
     _recent: deque = field(default_factory=deque)                # (time, tokens) in the window
 
     def count_request(self, endpoint: str, status: int) -> None:
@@ -68,6 +70,8 @@ class Metrics:
         for event in ("stored", "loaded", "dropped", "rejected"):
             _family(lines, f"kt_prefix_tier_{event}_total", "counter", f"KV blocks {event} per tier",
                     [({"tier": name}, getattr(stats, event)) for name, stats in self.tiers.items()])
+        if self.placement is not None:
+            _placement_families(lines, self.placement())
         return "\n".join(lines) + "\n"
 
     def _scalars(self) -> list[tuple[str, str, str, float]]:
@@ -93,6 +97,28 @@ class Metrics:
     def _trim(self, now: float) -> None:
         while self._recent and now - self._recent[0][0] > TOKEN_RATE_WINDOW_S:
             self._recent.popleft()
+
+
+def _placement_families(lines: list[str], stats) -> None:
+    layers = stats.layers
+    _family(lines, "kt_expert_device_hit_rate", "gauge",
+            "routed (token, expert) pairs served by device-resident experts / all", [({}, stats.hit_rate)])
+    _family(lines, "kt_experts_on_device", "gauge", "routed experts on the device per MoE layer",
+            [({"layer": str(s.layer)}, s.device_experts) for s in layers])
+    _family(lines, "kt_experts_on_cpu", "gauge", "routed experts in RAM (CPU kernels) per MoE layer",
+            [({"layer": str(s.layer)}, s.cpu_experts) for s in layers])
+    _family(lines, "kt_expert_layer_hit_rate", "gauge", "device hit rate per MoE layer",
+            [({"layer": str(s.layer)}, s.hit_rate) for s in layers])
+    times = stats.times
+    parts = {"cpu_experts": times.cpu_s, "cpu_wait": times.cpu_wait_s, "device": times.device_s,
+             "transfer": times.transfer_s, "overlap": times.overlap_s}
+    _family(lines, "kt_moe_seconds_total", "counter",
+            "MoE layer time by part (cpu_experts and overlap: lower bounds, exact when the CPU outlasts the device)",
+            [({"part": part}, seconds) for part, seconds in parts.items()])
+    _family(lines, "kt_moe_overlap_fraction", "gauge", "share of device MoE work overlapped with CPU experts",
+            [({}, stats.overlap_fraction)])
+    _family(lines, "kt_expert_moves_total", "counter", "experts moved between RAM and the device",
+            [({}, stats.moves.experts_moved)])
 
 
 def _family(lines: list[str], name: str, kind: str, text: str, samples: list[tuple[dict, float]]) -> None:

@@ -20,7 +20,8 @@ class ServeOptions:
     ctx / kv_memory_gb / threads / max_step_tokens / device: passed to the engine (None: its defaults).
     prefix_cache_disk: directory for KV blocks evicted from the cache (off when None), bounded
     by prefix_cache_disk_gb; prefix_cache_ram_gb: host-RAM tier used when the KV cache is on a GPU.
-    served_model_name: the name clients must send (default: the model's file or directory name)."""
+    served_model_name: the name clients must send (default: the model's file or directory name).
+    gpu_experts .. decode_replace_tokens: routed-expert placement, passed to the LLM (see LLMOptions)."""
     model: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
@@ -38,6 +39,13 @@ class ServeOptions:
     prefix_cache_ram_gb: float = 4.0
     shutdown_timeout_s: float = 10.0
     log_level: str = "warning"
+    gpu_experts: int | None = None
+    gpu_experts_ratio: float | None = None
+    placement: str = "uniform"
+    expert_stats: Path | None = None
+    record_expert_stats: Path | None = None
+    prefill_replace_tokens: int | None = None
+    decode_replace_tokens: int | None = None
 
     def __post_init__(self):
         if self.model is None:
@@ -51,6 +59,21 @@ class ServeOptions:
             object.__setattr__(self, "api_key", None)
         for problem in self._problems():
             raise ServeOptionsError(problem)
+        self.placement_options()
+
+    def placement_options(self) -> dict:
+        """The LLM keyword arguments for expert placement (validated here)."""
+        from ..placement import PlacementError, PlacementOptions
+        options = dict(gpu_experts=self.gpu_experts, gpu_experts_ratio=self.gpu_experts_ratio,
+                       placement=self.placement, expert_stats=self.expert_stats,
+                       record_expert_stats=self.record_expert_stats,
+                       prefill_replace_tokens=self.prefill_replace_tokens,
+                       decode_replace_tokens=self.decode_replace_tokens)
+        try:
+            PlacementOptions(**{("strategy" if k == "placement" else k): v for k, v in options.items()})
+        except PlacementError as err:
+            raise ServeOptionsError(str(err)) from None
+        return options
 
     @property
     def url(self) -> str:
