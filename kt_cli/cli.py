@@ -85,6 +85,36 @@ def run(
         prefix_cache_disk_gb=prefix_cache_disk_gb, prefix_cache_ram_gb=prefix_cache_ram_gb, log_level=log_level))
 
 
+@app.command()
+def convert(
+    src: str = typer.Argument(..., metavar="SRC", help="Hugging Face model directory or cached repo id"),
+    dst: str = typer.Argument(..., metavar="DST", help="output directory (int8/int4/bf16) or .gguf file"),
+    to: str = typer.Option(..., "--to", help="int8 | int4 | bf16 | gguf"),
+    group_size: int = typer.Option(64, "--group-size", help="weights per scale: 32 | 64 | 128"),
+    gguf_type: str = typer.Option(None, "--gguf-type", help="q8_0 | q4_0 | q4_1 | f16 | bf16 | f32 (default q8_0)"),
+    experts_only: bool = typer.Option(False, "--experts-only", help="quantize only the routed experts"),
+    asymmetric: bool = typer.Option(False, "--asymmetric", help="scale + min per group"),
+    threads: int = typer.Option(None, "--threads", envvar="KT_THREADS", help="quantization threads"),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted run"),
+    force: bool = typer.Option(False, "--force", help="replace DST if it exists"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+) -> None:
+    """Convert FP8/BF16/FP16 safetensors to kt's INT8/INT4/BF16 layout or to GGUF, one layer at a time."""
+    from kt_weights import convert as conv
+    options = conv.ConvertOptions(src, dst, to, group_size, gguf_type, experts_only, not asymmetric,
+                                  threads, resume, force)
+    sink = conv.NullSink() if as_json else render.ConvertProgress(stderr)
+    try:
+        summary = conv.convert(options, sink)
+    finally:
+        if not as_json:
+            sink.stop()
+    if as_json:
+        print(json.dumps(summary.to_dict(), indent=2))
+    else:
+        render.convert_summary(conv.summary_table_rows(summary), stdout)
+
+
 def main() -> None:
     try:
         app()

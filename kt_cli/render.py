@@ -61,3 +61,37 @@ def perplexity(result: dict, console: Console) -> None:
     console.print(f"[bold]perplexity[/] {result['ppl']:.4f} ± {result['ppl_stderr']:.4f}  "
                   f"({result['n_chunks']} chunks of {result['n_ctx']} tokens, {result['n_scored']} scored; "
                   f"{result['tokens_per_second']} tokens/s)")
+
+
+class ConvertProgress:
+    """A rich progress bar per converted layer, driven by source bytes (ETA, MB/s)."""
+
+    def __init__(self, console: Console):
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeRemainingColumn, TransferSpeedColumn)
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TransferSpeedColumn(), TimeRemainingColumn(), console=console)
+        self.task = None
+
+    def start(self, info) -> None:
+        self.progress.start()
+        self.progress.console.print(
+            f"{info.units} units, {info.source_bytes / 1e6:.0f} MB in, ~{info.estimated_output_bytes / 1e6:.0f} MB out, "
+            f"{info.free_disk_bytes / 1e9:.1f} GB free, {info.threads} threads"
+            + (f", resuming after {info.resumed_units}" if info.resumed_units else ""))
+        self.task = self.progress.add_task("converting", total=info.source_bytes)
+
+    def unit_done(self, unit) -> None:
+        self.progress.update(self.task, advance=unit.source_bytes, description=unit.name)
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+
+def convert_summary(rows: list[tuple[str, str]], console: Console) -> None:
+    table = Table(title="kt convert", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for label, value in rows:
+        table.add_row(label, value)
+    console.print(table)
