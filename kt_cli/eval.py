@@ -31,13 +31,14 @@ class EvalResult:
         return asdict(self) | {"running_ppl": list(self.running_ppl)}
 
 
-def perplexity(llm, text: str, ctx: int = 512) -> EvalResult:
+def perplexity(llm, text: str, ctx: int = 512, max_chunks: int | None = None) -> EvalResult:
+    """max_chunks: score only the first chunks (llama-perplexity --chunks)."""
     if ctx < 4 or ctx % 2:
         raise KtError(f"perplexity context must be an even number >= 4, got {ctx}")
     if ctx > llm.ctx:
         raise KtError(f"perplexity context {ctx} exceeds the model's loaded context {llm.ctx}")
     tokens = _tokenize(llm.tokenizer, text)
-    n_chunks = len(tokens) // ctx
+    n_chunks = len(tokens) // ctx if max_chunks is None else min(len(tokens) // ctx, max_chunks)
     if n_chunks == 0:
         raise KtError(f"the text has {len(tokens)} tokens, fewer than one {ctx}-token chunk")
     chunks = [_chunk(llm.tokenizer, tokens, i, ctx) for i in range(n_chunks)]

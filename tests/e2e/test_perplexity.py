@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kt_cli import LLM, SamplingParams
+from kt_cli.errors import KtError
 from kt_cli.eval import perplexity, second_half_nll
 
 PPL_TOLERANCE = 0.01
@@ -72,3 +73,28 @@ def test_chat_prompt_and_answer(smollm2, smollm2_reference):
     out = smollm2.chat(messages, SamplingParams(temperature=0.0, max_tokens=32))
     assert out.finish_reason == "stop" and out.token_ids[-1] == smollm2_reference["eos_id"]
     assert "4" in out.text and "<|im_end|>" not in out.text
+
+
+class UniformLLM:
+    """Logits that give every token of a 10-token vocabulary probability 1/10."""
+    ctx = 64
+
+    class tokenizer:
+        add_bos_token = False
+
+        @staticmethod
+        def encode(text, add_special_tokens=False):
+            return [int(c) for c in text]
+
+    def logits(self, token_lists, start=0):
+        return [torch.zeros(len(ids) - start, 10) for ids in token_lists]
+
+
+def test_chunking_and_max_chunks():
+    text = "0123456789" * 10                     # 100 tokens: 6 chunks of 16, 4 left over
+    result = perplexity(UniformLLM(), text, ctx=16)
+    assert (result.n_tokens, result.n_chunks, result.n_scored) == (100, 6, 6 * 7)
+    assert math.isclose(result.ppl, 10.0, rel_tol=1e-12)
+    assert perplexity(UniformLLM(), text, ctx=16, max_chunks=2).n_scored == 14
+    with pytest.raises(KtError, match="fewer than one"):
+        perplexity(UniformLLM(), "0123", ctx=16)
