@@ -53,6 +53,10 @@ def test_static_placements_keep_greedy_output(tiny_dir, baseline, placement):
         assert stats.device_experts == round(placement["gpu_experts_ratio"] * layers * experts)
     assert 0.0 < stats.hit_rate <= 1.0
     assert all(s.device_experts + s.cpu_experts == experts for s in stats.layers)
+    t = stats.times
+    assert t.calls == sum(1 for _ in stats.layers) * t.calls // layers and t.device_s > 0
+    assert 0.0 <= t.overlap_s <= t.device_s + 1e-9 and t.overlap_s <= t.cpu_s + 1e-9
+    assert 0.0 <= stats.overlap_fraction <= 1.0
     assert [s.layer for s in stats.layers] == list(llm.placement.layers)
     doc = json.loads(json.dumps(stats.to_dict()))
     assert doc["device_experts"] == stats.device_experts and len(doc["layers"]) == layers
