@@ -40,6 +40,26 @@ def doctor(
     raise typer.Exit(0 if report["ok"] else 1)
 
 
+@app.command()
+def chat(
+    model: str = typer.Argument(None, metavar="[MODEL]", help="GGUF file, model directory or cached repo id (default: the default model)"),
+    url: str = typer.Option(None, "--url", envvar="KT_URL", help="talk to an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"),
+    system: str = typer.Option(None, "--system", help="system prompt"),
+    temperature: float = typer.Option(0.8, "--temperature", help="0 = greedy (deterministic)"),
+    top_p: float = typer.Option(0.9, "--top-p"),
+    max_tokens: int = typer.Option(None, "--max-tokens", help="reply length cap"),
+    seed: int = typer.Option(None, "--seed", help="sampling seed, for repeatable replies"),
+    prompt: str = typer.Option(None, "--prompt", help="answer this message, print only the reply, exit"),
+    threads: int = typer.Option(None, "--threads", envvar="KT_THREADS", help="kernel threads (in-process model)"),
+    ctx: int = typer.Option(None, "--ctx", envvar="KT_CTX", help="context length (in-process model)"),
+) -> None:
+    """Chat with MODEL in the terminal, streaming; --prompt (or piped stdin) answers once and exits."""
+    from .chat import ChatOptions, run_chat
+    code = run_chat(ChatOptions(model=model, url=url, system=system, temperature=temperature, top_p=top_p,
+                                max_tokens=max_tokens, seed=seed, prompt=prompt, threads=threads, ctx=ctx))
+    raise typer.Exit(code)
+
+
 @app.command("eval")
 def eval_(
     model: str = typer.Argument(..., metavar="MODEL", help="GGUF file, model directory or cached repo id"),
