@@ -12,6 +12,8 @@ import torch
 
 from ..engine.sampling_params import SamplingParams
 
+FIRST_CANDIDATES = 1024
+
 
 class SamplingState(Protocol):
     """What the sampler reads from a sequence (kt_cli.engine.sequence.Sequence fits)."""
@@ -35,13 +37,16 @@ class Sampler:
             for i, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist()):
                 chosen[i] = token
         if random:
-            probs = filtered_probs(logits[random], [rows[i].params for i in random])
-            for i, row_probs in zip(random, probs):
-                chosen[i] = self._draw(row_probs, rows[i].generator)
+            probs, ids = filtered_candidates(logits[random], [rows[i].params for i in random])
+            for i, row_probs, row_ids in zip(random, probs, ids):
+                chosen[i] = int(row_ids[self._draw(row_probs, rows[i].generator)])
         return chosen
 
     def _draw(self, probs: torch.Tensor, generator: torch.Generator | None) -> int:
-        return int(torch.multinomial(probs, 1, generator=generator or self.generator))
+        """Inverse-CDF draw of one index from probs [K] (sums to 1 up to rounding)."""
+        cdf = probs.cumsum(dim=0)
+        u = torch.rand((), generator=generator or self.generator) * cdf[-1]
+        return min(int(torch.searchsorted(cdf, u, right=True)), len(probs) - 1)
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingState]) -> torch.Tensor:
@@ -71,22 +76,58 @@ def _repetition_penalty(logits: torch.Tensor, token_ids: list[int], penalty: flo
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """[B, V] logits -> [B, V] probabilities after temperature, top-k, top-p and min-p."""
+    probs, ids = filtered_candidates(logits, params)
+    return torch.zeros_like(logits).scatter_(-1, ids, probs)
+
+
+def filtered_candidates(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, V] logits -> (probs [B, K], token ids [B, K]): the filtered distribution over the K
+    most likely tokens, K no larger than the filters need (sorting all V is the slow part)."""
     temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
     logits = logits / temperature[:, None]
+    vocab = logits.shape[-1]
     if all(p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0 for p in params):
-        return torch.softmax(logits, dim=-1)
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    sorted_probs = _filter_sorted(sorted_logits, params)
-    return torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
+        return torch.softmax(logits, dim=-1), torch.arange(vocab).expand(len(params), vocab)
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
+    log_total = torch.logsumexp(logits, dim=-1)
+    for k in _candidate_counts(params, vocab):
+        sorted_logits, ids = logits.topk(k, dim=-1)
+        if k == vocab or _enough(sorted_logits, log_total, top_k, params):
+            return _filter_sorted(sorted_logits, log_total, top_k, params), ids
+    raise AssertionError("unreachable: the whole vocabulary is always enough")
 
 
-def _filter_sorted(sorted_logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Filters on logits sorted in descending order; returns renormalised probabilities."""
-    vocab = sorted_logits.shape[-1]
-    rank = torch.arange(vocab)
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
+def _candidate_counts(params: list[SamplingParams], vocab: int) -> list[int]:
+    if all(p.top_k > 0 for p in params):
+        return [min(max(p.top_k for p in params), vocab)]
+    return [min(FIRST_CANDIDATES, vocab), vocab]
+
+
+def _enough(sorted_logits, log_total, top_k, params) -> bool:
+    """True when every row's filtered set lies inside the candidates: rows limited by
+    top_k are; a top_p row needs the candidates' mass to reach top_p; a min_p row needs its
+    last candidate already below min_p times the largest probability."""
+    k = sorted_logits.shape[-1]
+    mass = torch.exp(torch.logsumexp(sorted_logits, dim=-1) - log_total)
+    smallest_ratio = torch.exp(sorted_logits[:, -1] - sorted_logits[:, 0])
+    for i, p in enumerate(params):
+        if top_k[i] <= k:
+            continue
+        if p.top_p < 1.0 and mass[i] < p.top_p:
+            return False
+        if p.top_p >= 1.0 and not smallest_ratio[i] < p.min_p:
+            return False
+    return True
+
+
+def _filter_sorted(sorted_logits, log_total, top_k, params) -> torch.Tensor:
+    """Filters on candidate logits sorted in descending order; returns renormalised probs.
+    Probabilities are over top_k survivors when top_k applies, else over the whole vocabulary."""
+    k = sorted_logits.shape[-1]
+    rank = torch.arange(k)
     sorted_logits = sorted_logits.masked_fill(rank[None, :] >= top_k[:, None], float("-inf"))
-    probs = torch.softmax(sorted_logits, dim=-1)
+    log_norm = torch.where(top_k <= k, torch.logsumexp(sorted_logits, dim=-1), log_total)
+    probs = torch.exp(sorted_logits - log_norm[:, None])
     top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], dtype=probs.dtype)
     mass_before = probs.cumsum(dim=-1) - probs
     probs = probs.masked_fill(mass_before >= top_p[:, None], 0.0)

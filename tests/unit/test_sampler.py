@@ -73,6 +73,19 @@ def test_filters_match_numpy_in_one_mixed_batch():
         assert (got[row] > 0).sum() == (want > 0).sum()
 
 
+@pytest.mark.parametrize("scale", [8.0, 0.5])   # peaked: 1024 candidates suffice; flat: all needed
+def test_filters_on_a_large_vocabulary_match_numpy(scale):
+    params = [SamplingParams(top_p=0.9), SamplingParams(min_p=0.2), SamplingParams(top_p=0.95, min_p=0.01),
+              SamplingParams(temperature=0.6, top_k=3000, top_p=0.99)]
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(len(params), 5000, generator=g) * scale
+    got = filtered_probs(logits, params).numpy()
+    for row, p in enumerate(params):
+        want = np_filtered_probs(logits[row].numpy(), p)
+        np.testing.assert_allclose(got[row], want, atol=1e-6)
+        assert (got[row] > 0).sum() == (want > 0).sum()
+
+
 @pytest.mark.parametrize("params", [
     SamplingParams(repetition_penalty=1.3),
     SamplingParams(repetition_penalty=0.8),
