@@ -103,6 +103,9 @@ class PlacementRuntime:
             self.model.register_forward_hook(lambda *_: self._maybe_record())
             atexit.register(self._record_at_exit)
 
+    def stop_recording(self) -> None:
+        self._record_path = None
+
     def reset(self) -> None:
         for block in self.blocks:
             block.usage.reset()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kt_cli.models.registry import ModelOptions, build_model
-from kt_cli.placement import PlacementRuntime, place
+from kt_cli.placement import PlacementRuntime, load, place
 from kt_weights.checkpoint import open_checkpoint
 
 from tiny_models import PagedDriver, agreement, build_tiny, host_bounds, reference_logits, reference_model
@@ -122,3 +122,17 @@ def test_device_experts_hold_only_what_is_placed(tiny):
     one = runtime.blocks[0].device_experts
     per_expert = sum(t.numel() * 4 for t in next(iter(one.resident.values())))
     assert runtime.stats().device_bytes == per_expert * int(mask.sum())
+
+
+def test_counts_are_recorded_after_each_forward_when_due(tiny, tmp_path):
+    kind, directory, model, runtime = tiny
+    path = tmp_path / "stats.safetensors"
+    runtime.reset()
+    runtime.record_to(path, interval_s=1e-9)
+    run(model)
+    saved = load(path)
+    top_k = model.config.moe.top_k
+    tokens = sum(len(ids) + 1 for ids in PROMPTS.values())
+    assert saved.model == kind and saved.layers == runtime.layers and saved.shape == runtime.shape
+    assert saved.counts.sum(dim=1).tolist() == [tokens * top_k] * runtime.shape[0]
+    runtime.stop_recording()               # the module-scoped model outlives tmp_path
