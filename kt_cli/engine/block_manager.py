@@ -120,7 +120,7 @@ class BlockManager:
         """Register the blocks the last step filled, so later requests can find them."""
         if not self.prefix_caching:
             return
-        for index in range(seq.num_full_blocks):
+        for index in range(seq.num_committed_blocks, seq.num_full_blocks):
             block = self.blocks[seq.block_table[index]]
             if block.hash is not None:
                 continue
@@ -129,6 +129,7 @@ class BlockManager:
                 continue
             block.hash, block.token_ids = block_hash, tuple(seq.block_tokens(index))
             self.hash_to_block[block_hash] = block.block_id
+        seq.num_committed_blocks = seq.num_full_blocks
 
     def _seq_block_hash(self, seq: Sequence, index: int) -> bytes:
         while len(seq.block_hashes) <= index:

@@ -32,6 +32,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []
         self.num_computed = 0
+        self.num_committed_blocks = 0
         self.num_cached_tokens = 0
         self.num_preemptions = 0
         self.finish_reason: str | None = None
@@ -72,6 +73,7 @@ class Sequence:
     def reset_cache_state(self) -> None:
         self.block_table = []
         self.num_computed = 0
+        self.num_committed_blocks = 0
 
 
 def _generator(seed: int | None) -> torch.Generator | None:
