@@ -2,28 +2,40 @@
 the memory bandwidth probe, all measured in the same run.
 
   python bench/linear.py [--variant avx2] [--threads N] [--repeats 20] [--footprint-mib 512]
+                         [--formats i8,i4] [--baseline OLD.so]
 
 GB/s counts the weight bytes (data + scales + mins) read per call: in decode
 (m = 1) a linear is memory-bound, so GB/s over the probe's GB/s is the fraction
 of the machine's bandwidth the kernel reaches. Each timed call uses the next of
 several copies of the weight (--footprint-mib in all), so weights come from
 memory, as in a real model, not from the last-level cache.
+
+--baseline OLD.so times a saved copy of the same variant's library (e.g. the .so
+before a kernel change) beside the installed one, calls alternating, so both see
+the same machine load; its rows are marked "@base". Calls are then spaced by
+POOL_SETTLE_S so neither pool's spinning workers steal the other's cores (both
+then pay a worker wake-up per call).
+i4-g32a, i8-g32 and i8-g16 are the layouts of GGUF Q4_1, Q8_0 and Q6_K.
 """
 
 import argparse
 import dataclasses
+import importlib.util
 import time
 
 import torch
 
 from kt_cli import hardware, kernels
+from kt_cli.kernels import Kernels
 from kt_cli.ops import Ops
 from kt_weights.layout import Format, QMatrix, quantize_reference
 
 SHAPES = [(2048, 2048), (768, 2048)]
 TOKENS = [1, 128]
 FORMATS = [("f32", Format.F32, 0, True), ("bf16", Format.BF16, 0, True), ("f16", Format.F16, 0, True),
-           ("i8", Format.I8, 128, True), ("i4", Format.I4, 128, True), ("i4-asym", Format.I4, 128, False)]
+           ("i8", Format.I8, 128, True), ("i4", Format.I4, 128, True), ("i4-asym", Format.I4, 128, False),
+           ("i4-g32a", Format.I4, 32, False), ("i8-g32", Format.I8, 32, True), ("i8-g16", Format.I8, 16, True)]
+POOL_SETTLE_S = 0.005   # lets the other library's pool workers stop spinning and sleep
 FLOAT_DTYPES = {Format.F32: torch.float32, Format.BF16: torch.bfloat16, Format.F16: torch.float16}
 
 
@@ -39,15 +51,28 @@ def copies_of(w: QMatrix, footprint: int) -> list[QMatrix]:
     return [w] + [dataclasses.replace(w, **{k: v.clone() for k, v in clone.items()}) for _ in range(n - 1)]
 
 
-def time_ms(fn, args: list, repeats: int) -> float:
-    """Median over `repeats` calls, each on the next copy of the operands."""
-    fn(args[0])
-    times = []
+def time_ms(fns: list, args: list, repeats: int) -> list[float]:
+    """Median of each fn over `repeats` calls, the fns alternating, each call on
+    the next copy of the operands."""
+    times = [[] for _ in fns]
+    for fn in fns:
+        fn(args[0])
     for i in range(repeats):
-        start = time.perf_counter()
-        fn(args[(i + 1) % len(args)])
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e3
+        for fn, ts in zip(fns, times):
+            if len(fns) > 1:
+                time.sleep(POOL_SETTLE_S)
+            start = time.perf_counter()
+            fn(args[(i + 1) % len(args)])
+            ts.append(time.perf_counter() - start)
+    return [sorted(ts)[len(ts) // 2] * 1e3 for ts in times]
+
+
+def load_baseline(path: str, variant: str) -> Kernels:
+    """A saved build of `variant` (same module name, another file), loaded beside the installed one."""
+    spec = importlib.util.spec_from_file_location(kernels.module_name(kernels.by_name(variant)), path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return Kernels(variant, f"baseline {path}", module.ffi, module.lib)
 
 
 def row(name: str, m: int, rows: int, cols: int, ms: float, nbytes: int, bw: float) -> str:
@@ -62,25 +87,37 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--footprint-mib", type=int, default=512)
+    parser.add_argument("--formats", default=",".join(f[0] for f in FORMATS))
+    parser.add_argument("--baseline", default=None, help="a saved .so of the same variant to time beside")
     args = parser.parse_args()
     loaded = kernels.load_variant(args.variant) if args.variant else kernels.load()
     ops = Ops(loaded, args.threads or hardware.default_threads())
+    variants = [("", ops)]
+    if args.baseline:
+        variants.append(("@base", Ops(load_baseline(args.baseline, loaded.variant), ops.threads)))
     torch.set_num_threads(ops.threads)
     bw = ops.membw_read_gbps()
     print(f"variant {loaded.variant}, {ops.threads} threads, membw probe {bw:.2f} GB/s")
-    footprint = args.footprint_mib << 20
+    formats = [f for f in FORMATS if f[0] in args.formats.split(",")]
     for rows, cols in SHAPES:
-        w32 = torch.randn(rows, cols)
-        torch_copies = [w32] + [w32.clone() for _ in range(len(copies_of(make_weight(w32, Format.F32, 0, True), footprint)) - 1)]
         for m in TOKENS:
-            x = torch.randn(m, cols)
-            ms = time_ms(lambda w: x @ w.T, torch_copies, args.repeats)
-            print(row("torch-f32", m, rows, cols, ms, w32.numel() * 4, bw))
-            for name, fmt, group, symmetric in FORMATS:
-                weights = copies_of(make_weight(w32, fmt, group, symmetric), footprint)
-                ms = time_ms(lambda w: ops.linear(x, w), weights, args.repeats)
-                print(row(name, m, rows, cols, ms, weights[0].nbytes(), bw))
-                del weights
+            bench_shape(rows, cols, m, formats, variants, args, bw)
+
+
+def bench_shape(rows: int, cols: int, m: int, formats: list, variants: list, args, bw: float) -> None:
+    footprint = args.footprint_mib << 20
+    w32 = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows + cols))
+    x = torch.randn(m, cols)
+    n_copies = len(copies_of(make_weight(w32, Format.F32, 0, True), footprint))
+    torch_copies = [w32] + [w32.clone() for _ in range(n_copies - 1)]
+    [ms] = time_ms([lambda w: x @ w.T], torch_copies, args.repeats)
+    print(row("torch-f32", m, rows, cols, ms, w32.numel() * 4, bw))
+    for name, fmt, group, symmetric in formats:
+        weights = copies_of(make_weight(w32, fmt, group, symmetric), footprint)
+        fns = [lambda w, o=o: o.linear(x, w) for _, o in variants]
+        for (tag, _), ms in zip(variants, time_ms(fns, weights, args.repeats)):
+            print(row(name + tag, m, rows, cols, ms, weights[0].nbytes(), bw))
+        del weights
 
 
 if __name__ == "__main__":

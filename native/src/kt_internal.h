@@ -42,7 +42,10 @@ int kt_pool_amx_tiles(const kt_pool *pool);
  * shorter: cols % 32 == 16 happens for I8 with group 16), plus per-group sums of
  * the dequantized activations (the zero-point/min term of I4 and asymmetric W):
  *   x[t, k] ~= q_scale[t, k / 32] * q[t, k]
- *   q_group_sum[t, g] = sum over k in group g of q_scale[t, k / 32] * q[t, k] */
+ *   q_group_sum[t, g] = sum over k in group g of q_scale[t, k / 32] * q[t, k]
+ * For I4 weights q's rows are stored interleaved: in every full 64 columns the
+ * pieces [0-15, 16-31, 32-47, 48-63] sit in the order [0-15, 32-47, 16-31, 48-63]
+ * (the order in which the kernels unpack two 16-byte blocks of I4 codes). */
 #define KT_ACT_BLOCK 32
 
 typedef struct kt_acts {
@@ -52,7 +55,7 @@ typedef struct kt_acts {
     int32_t group;
     const float *f32;      /* [m, cols] */
     uint16_t *bf16;        /* [m, cols] or NULL */
-    int8_t *q;             /* [m, cols] or NULL */
+    int8_t *q;             /* [m, cols] or NULL; I4: interleaved, see above */
     float *q_scale;        /* [m, n_blocks], n_blocks = ceil(cols / 32) */
     float *q_group_sum;    /* [m, cols / group] */
     /* amx variant, AMX tiles enabled on the pool and m >= KT_AMX_MIN_TOKENS: the

@@ -293,6 +293,19 @@ static void group_sums(float *sums, const int8_t *q, const float *scale, int64_t
     }
 }
 
+/* I4 rows: in every full 64 columns, the 16-column pieces 1 and 2 trade places,
+ * [0-15, 32-47, 16-31, 48-63], the order in which the I4 kernels unpack two
+ * blocks of codes (low nibbles of both, then high nibbles; simd_int.h). */
+static void interleave_i4(int8_t *q, int64_t cols)
+{
+    int8_t piece[16];
+    for (int64_t k = 0; k + 64 <= cols; k += 64) {
+        memcpy(piece, q + k + 16, 16);
+        memcpy(q + k + 16, q + k + 32, 16);
+        memcpy(q + k + 32, piece, 16);
+    }
+}
+
 static void prepare_int8(kt_acts *a, const float *x, int64_t m, const kt_matrix *w, char *scratch)
 {
     size_t mm = (size_t)m, cols = (size_t)w->cols, nb = n_act_blocks(w->cols);
@@ -305,6 +318,8 @@ static void prepare_int8(kt_acts *a, const float *x, int64_t m, const kt_matrix 
         float *st = a->q_scale + t * (int64_t)nb;
         quantize_blocks_i8(qt, st, x + t * w->cols, w->cols);
         group_sums(a->q_group_sum + t * n_groups, qt, st, w->cols, w->group);
+        if (w->format == KT_I4)
+            interleave_i4(qt, w->cols);
     }
 }
 

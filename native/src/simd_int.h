@@ -92,7 +92,101 @@ KT_INLINE __m256 block_scales_256(const float *scale, int64_t k0, int64_t group,
     return _mm256_set_m128(_mm_set1_ps(hi), _mm_set1_ps(scale[k0 / group]));
 }
 
-/* dots[i][t] = sum over blocks of sa * s * (int32 block sum), 32 columns a step. */
+/* Two consecutive floats p[0], p[1] as lanes 0-3 and 4-7 */
+KT_INLINE __m256 pair_256(const float *p)
+{
+    __m128 two = _mm_castpd_ps(_mm_load_sd((const double *)p));
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
+/* Weight scales of columns [k0, k0 + 64) in the lanes of i4_steps_64's sums */
+KT_INLINE __m256 scales_64_256(const float *scale, int64_t k0, int64_t group)
+{
+    if (group % 64 == 0)
+        return _mm256_set1_ps(scale[k0 / group]);
+    if (group == 32)
+        return pair_256(scale + k0 / 32);
+    const float two[2] = {scale[k0 / group], scale[(k0 + 32) / group]};
+    return pair_256(two);
+}
+
+/* I4, 64 columns (blocks b, b+1) a step, on the interleaved activations (kt_acts):
+ * the 32 code bytes' low nibbles are [b cols 0-15 | b+1 cols 0-15], the high
+ * nibbles [b 16-31 | b+1 16-31], the order of the two activation vectors. The
+ * int16 pair sums of both halves add without overflow (2 * 2*15*127 < 32767);
+ * int32 lanes 0-3 then hold block b, 4-7 block b+1. */
+KT_INLINE int64_t i4_steps_64(__m256 acc[4][4], const int_rows *w, const int RT, const int8_t *q,
+                              const float *sa, int64_t cols, int64_t group, const int TT)
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const int64_t nb = (cols + 31) / 32;
+    int64_t k0 = 0;
+    for (; k0 + 64 <= cols; k0 += 64) {
+        __m256i lo[4], hi[4];
+        __m256 ws[4];
+        for (int i = 0; i < RT; i++) {
+            __m256i c = _mm256_loadu_si256((const __m256i *)(w->codes[i] + k0 / 2));
+            lo[i] = _mm256_and_si256(c, low4);
+            hi[i] = _mm256_and_si256(_mm256_srli_epi16(c, 4), low4);
+            ws[i] = scales_64_256(w->scale[i], k0, group);
+        }
+        for (int t = 0; t < TT; t++) {
+            __m256i a_lo = _mm256_loadu_si256((const __m256i *)(q + t * cols + k0));
+            __m256i a_hi = _mm256_loadu_si256((const __m256i *)(q + t * cols + k0 + 32));
+            __m256 st = pair_256(sa + t * nb + k0 / 32);
+            for (int i = 0; i < RT; i++) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+                __m256i s = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[i], a_lo), hi[i], a_hi);
+#else
+                __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[i], a_lo), _mm256_maddubs_epi16(hi[i], a_hi));
+                __m256i s = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+#endif
+                acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(ws[i], st), acc[i][t]);
+            }
+        }
+    }
+    return k0;
+}
+
+/* I8 with group % 32 == 0, one block a step: each group's blocks are summed with
+ * their activation scales alone (vfmadd) into gacc, which meets the group's
+ * weight scale once, so a block costs one vcvtdq2ps and one vfmadd per row and
+ * token. */
+KT_INLINE void i8_groups(__m256 acc[4][4], const int_rows *w, const int RT, const int8_t *q,
+                         const float *sa, int64_t cols, int64_t group, const int TT)
+{
+    const int64_t nb = cols / 32;
+    for (int64_t g = 0; g < cols / group; g++) {
+        __m256 gacc[4][4];
+        for (int i = 0; i < RT; i++)
+            for (int t = 0; t < TT; t++)
+                gacc[i][t] = _mm256_setzero_ps();
+        for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += 32) {
+            __m256i wv[4], u[4];
+            for (int i = 0; i < RT; i++) {
+                wv[i] = _mm256_loadu_si256((const __m256i *)(w->codes[i] + k0));
+                u[i] = _mm256_sign_epi8(wv[i], wv[i]);
+            }
+            for (int t = 0; t < TT; t++) {
+                __m256i av = _mm256_loadu_si256((const __m256i *)(q + t * cols + k0));
+                __m256 st = _mm256_set1_ps(sa[t * nb + k0 / 32]);
+                for (int i = 0; i < RT; i++) {
+                    __m256i s = block_dot_u8s8(u[i], _mm256_sign_epi8(av, wv[i]));
+                    gacc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), st, gacc[i][t]);
+                }
+            }
+        }
+        for (int i = 0; i < RT; i++) {
+            __m256 sw = _mm256_set1_ps(w->scale[i][g]);
+            for (int t = 0; t < TT; t++)
+                acc[i][t] = _mm256_fmadd_ps(gacc[i][t], sw, acc[i][t]);
+        }
+    }
+}
+
+/* dots[i][t] = sum over blocks of sa * s * (int32 block sum): I4 two blocks a
+ * step, I8 by groups when group % 32 == 0; then (I8 with group % 32 == 16, or
+ * the last block of I4) one block a step with combined scales. */
 KT_INLINE void int_tile_256(float dots[4][4], const int_rows *w, const int RT, const kt_acts *a,
                             int64_t t0, const int TT, const int32_t fmt)
 {
@@ -103,7 +197,14 @@ KT_INLINE void int_tile_256(float dots[4][4], const int_rows *w, const int RT, c
     for (int i = 0; i < RT; i++)
         for (int t = 0; t < TT; t++)
             acc[i][t] = _mm256_setzero_ps();
-    for (int64_t k0 = 0, b = 0; k0 < cols; k0 += 32, b++) {
+    int64_t k0 = 0;
+    if (fmt == KT_I4) {
+        k0 = i4_steps_64(acc, w, RT, q, sa, cols, group, TT);
+    } else if (group % 32 == 0) {
+        i8_groups(acc, w, RT, q, sa, cols, group, TT);
+        k0 = cols;
+    }
+    for (; k0 < cols; k0 += 32) {
         int half = cols - k0 < 32;
         __m256i wv[4], u[4];
         __m256 ws[4];
@@ -118,7 +219,7 @@ KT_INLINE void int_tile_256(float dots[4][4], const int_rows *w, const int RT, c
         }
         for (int t = 0; t < TT; t++) {
             __m256i av = load_block_i8(q + t * cols + k0, half);
-            __m256 st = _mm256_set1_ps(sa[t * nb + b]);
+            __m256 st = _mm256_set1_ps(sa[t * nb + k0 / 32]);
             for (int i = 0; i < RT; i++) {
                 __m256i s = fmt == KT_I4 ? av : _mm256_sign_epi8(av, wv[i]);
                 __m256 sum = _mm256_cvtepi32_ps(block_dot_u8s8(u[i], s));
@@ -132,14 +233,29 @@ KT_INLINE void int_tile_256(float dots[4][4], const int_rows *w, const int RT, c
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
-/* 64 columns (two activation blocks) a step, for cols % 64 == 0 and group % 32 == 0:
- * int32 lanes 0-7 of a step's sum hold its first block, 8-15 the second, so the
- * scales are pairs of broadcasts. I4 puts two 16-byte blocks' nibbles back in
- * weight order (128-bit lanes: block0 low, block0 high, block1 low, block1 high);
+/* 64 columns (blocks b, b+1) a step, for cols % 64 == 0 and group % 32 == 0.
+ * I8 (natural order): int32 lanes 0-7 of a step's sum hold block b, 8-15 block b+1.
+ * I4 (interleaved activations): the 32 code bytes' low nibbles then high nibbles
+ * give [b 0-15 | b+1 0-15 | b 16-31 | b+1 16-31], the activations' order, so
+ * lanes 0-3 and 8-11 hold block b, 4-7 and 12-15 block b+1.
  * I8 moves the weight sign onto the activation with a byte mask. */
-KT_INLINE __m512 pair_ps(float lo, float hi)
+KT_INLINE __m512 pair_512(const float *p, const int32_t fmt)
 {
-    return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
+    const __m512i i4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+    const __m512i i8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    __m512 two = _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)p)));
+    return _mm512_permutexvar_ps(fmt == KT_I4 ? i4 : i8, two);
+}
+
+/* Weight scales of columns [k0, k0 + 64) in the lanes of a step's sums */
+KT_INLINE __m512 scales_64_512(const float *scale, int64_t k0, int64_t group, const int32_t fmt)
+{
+    if (group % 64 == 0)
+        return _mm512_set1_ps(scale[k0 / group]);
+    if (group == 32)
+        return pair_512(scale + k0 / 32, fmt);
+    const float two[2] = {scale[k0 / group], scale[(k0 + 32) / group]};
+    return pair_512(two, fmt);
 }
 
 KT_INLINE __m512i unpack_i4_64(const uint8_t *p)
@@ -147,8 +263,7 @@ KT_INLINE __m512i unpack_i4_64(const uint8_t *p)
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     __m256i b = _mm256_loadu_si256((const __m256i *)p);
     __m256i lo = _mm256_and_si256(b, low4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
-    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    return _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
 KT_INLINE void int_tile_512(float dots[4][4], const int_rows *w, const int RT, const kt_acts *a,
@@ -173,11 +288,11 @@ KT_INLINE void int_tile_512(float dots[4][4], const int_rows *w, const int RT, c
                 u[i] = _mm512_abs_epi8(wv);
                 negative[i] = _mm512_movepi8_mask(wv);
             }
-            ws[i] = pair_ps(w->scale[i][k0 / group], w->scale[i][(k0 + 32) / group]);
+            ws[i] = scales_64_512(w->scale[i], k0, group, fmt);
         }
         for (int t = 0; t < TT; t++) {
             __m512i av = _mm512_loadu_si512(q + t * cols + k0);
-            __m512 st = pair_ps(sa[t * nb + b], sa[t * nb + b + 1]);
+            __m512 st = pair_512(sa + t * nb + b, fmt);
             for (int i = 0; i < RT; i++) {
                 __m512i s = fmt == KT_I8 ? _mm512_mask_sub_epi8(av, negative[i], _mm512_setzero_si512(), av) : av;
                 __m512 sum = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[i], s));
@@ -203,6 +318,16 @@ KT_INLINE int code_at(const uint8_t *row, int64_t k, int32_t fmt)
     return (k % 32) < 16 ? (byte & 0x0F) : (byte >> 4);
 }
 
+/* Where column k's activation sits in q: I4 rows are interleaved per full 64
+ * columns (kt_acts), i.e. their 16-column pieces 1 and 2 swapped. */
+KT_INLINE int64_t act_at(int64_t k, int64_t cols, int32_t fmt)
+{
+    int64_t piece = (k % 64) / 16;
+    if (fmt != KT_I4 || k - k % 64 + 64 > cols || piece == 0 || piece == 3)
+        return k;
+    return piece == 1 ? k + 16 : k - 16;
+}
+
 /* 16 columns a step: each inside one activation block and one weight group. */
 KT_INLINE void int_tile_portable(float dots[4][4], const int_rows *w, const int RT, const kt_acts *a,
                                  int64_t t0, const int TT, const int32_t fmt)
@@ -218,7 +343,7 @@ KT_INLINE void int_tile_portable(float dots[4][4], const int_rows *w, const int 
             for (int t = 0; t < TT; t++) {
                 int32_t s = 0;
                 for (int64_t k = k0; k < k0 + 16; k++)
-                    s += code_at(w->codes[i], k, fmt) * q[t * cols + k];
+                    s += code_at(w->codes[i], k, fmt) * q[t * cols + act_at(k, cols, fmt)];
                 dots[i][t] += (float)s * (sa[t * nb + k0 / 32] * w->scale[i][k0 / group]);
             }
         }
