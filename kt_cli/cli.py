@@ -95,6 +95,13 @@ def run(
     prefix_cache_disk_gb: float = typer.Option(10.0, "--prefix-cache-disk-gb"),
     prefix_cache_ram_gb: float = typer.Option(4.0, "--prefix-cache-ram-gb", help="host-RAM tier when the KV cache is on a GPU"),
     log_level: str = typer.Option("warning", "--log-level"),
+    gpu_experts: int = typer.Option(None, "--gpu-experts", envvar="KT_GPU_EXPERTS", help="routed experts per MoE layer on the GPU (default: auto; 0 without a GPU)"),
+    gpu_experts_ratio: float = typer.Option(None, "--gpu-experts-ratio", help="share of all routed experts on the GPU (0..1)"),
+    placement: str = typer.Option("uniform", "--placement", help="uniform | frequency | front-loading | random"),
+    expert_stats: str = typer.Option(None, "--expert-stats", help="recorded expert statistics, for --placement frequency"),
+    record_expert_stats: str = typer.Option(None, "--record-expert-stats", help="write routed-token counts (.json or .safetensors)"),
+    prefill_replace_tokens: int = typer.Option(None, "--prefill-replace-tokens", help="re-place device experts on each prefill of >= N tokens"),
+    decode_replace_tokens: int = typer.Option(None, "--decode-replace-tokens", help="swap hot experts in every N decode tokens"),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)."""
     from .server import ServeOptions, serve
@@ -102,7 +109,10 @@ def run(
         model=model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
         max_batch=max_batch, max_queue=max_queue, ctx=ctx, threads=threads, kv_memory_gb=kv_memory_gb,
         max_step_tokens=max_step_tokens, device=device, prefix_cache_disk=prefix_cache_disk,
-        prefix_cache_disk_gb=prefix_cache_disk_gb, prefix_cache_ram_gb=prefix_cache_ram_gb, log_level=log_level))
+        prefix_cache_disk_gb=prefix_cache_disk_gb, prefix_cache_ram_gb=prefix_cache_ram_gb, log_level=log_level, gpu_experts=gpu_experts,
+        gpu_experts_ratio=gpu_experts_ratio, placement=placement, expert_stats=expert_stats,
+        record_expert_stats=record_expert_stats, prefill_replace_tokens=prefill_replace_tokens,
+        decode_replace_tokens=decode_replace_tokens))
 
 
 @app.command()
