@@ -7,7 +7,8 @@
  * streamed from memory exactly once, and in prefill each weight vector loaded is
  * reused by 4 tokens (the tiles in simd_float.h / simd_int.h) while the block is
  * re-read from cache, not memory, by the next token tile. The integer tiles
- * also share each token vector across INT_ROWS weight rows.
+ * also share each token vector across INT_ROWS weight rows; their activations
+ * are int8 with one scale per 32 values (kt_acts, quant.c).
  *
  * kt_linear_f32 prepares the activations once (into per-thread scratch that is
  * kept between calls), then splits the rows across the pool (rows_per_task).
@@ -108,10 +109,13 @@ static void float_block_f16(float *o, int64_t l, const kt_matrix *w, int64_t r0,
 /* ---- integer formats ------------------------------------------------------------ */
 
 /* Register tile of the integer kernels: INT_ROWS weight rows x INT_TOKENS tokens
- * of accumulators, each token vector shared by the rows and each weight vector by
- * the tokens. AVX2 has 16 vector registers: I4 4 x 2, I8 (which also keeps the
- * weights' magnitudes) 2 x 4 fit without spills (measured on Zen 3); AVX-512
- * has 32: 4 x 4. */
+ * of float accumulators, each token vector shared by the rows and each weight
+ * vector by the tokens. AVX2 has 16 vector registers: I4 4 x 2, I8 (which also
+ * keeps the weights' magnitudes) 2 x 4 fitted without spills with per-token
+ * activation scales (measured on Zen 3); AVX-512 has 32: 4 x 4. With per-block
+ * scales I8 adds a group accumulator per tile entry (simd_int.h i8_groups), which
+ * the compiler may keep in L1 across a group's blocks; the shapes were not re-tuned
+ * (A/B on a 2-core AVX2 host: prefill as fast or faster, bench/linear.py --baseline). */
 #if defined(__AVX512F__)
 #define INT_ROWS(fmt) 4
 #define INT_TOKENS(fmt) 4
