@@ -17,8 +17,8 @@
  *
  * Per block, row and token: the int32 sum of the block goes to float once
  * (vcvtdq2ps) and is added with its combined scale sa[b] * s[g] (vmulps, vfmadd)
- * into a float accumulator kept across the whole row; the zero-point term is added
- * in scalars, once per group.
+ * into a float accumulator kept across the whole row; the zero-point term is one
+ * dot product over the groups per row and token (dot_f32).
  *
  * Integer products (x86): vpmaddubsw multiplies unsigned bytes by signed bytes,
  * adding pairs into int16; I4 codes are 0..15 already unsigned (pair sums
@@ -351,7 +351,25 @@ KT_INLINE void int_tile_portable(float dots[4][4], const int_rows *w, const int 
 }
 #endif
 
-/* Rows [r, r + RT) of W against tokens [t0, t0 + TT): out[t * ldo + i] for row r + i. */
+/* sum_k a[k] * b[k]: the zero-point term, one product per group */
+static inline float dot_f32(const float *a, const float *b, int64_t n)
+{
+    int64_t k = 0;
+    float s = 0.0f;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; k + 8 <= n; k += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+    s = hsum_256(acc);
+#endif
+    for (; k < n; k++)
+        s += a[k] * b[k];
+    return s;
+}
+
+/* Rows [r, r + RT) of W against tokens [t0, t0 + TT): out[t * ldo + i] for row r + i.
+ * The zero-point term (I4, asymmetric W) is, per row and token, the dot product of
+ * the row's mins (or -8 * its scales) with the token's group sums. */
 KT_INLINE void int_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r, const int RT,
                         const kt_acts *a, int64_t t0, const int TT, const int32_t fmt, const int asym)
 {
@@ -376,12 +394,10 @@ KT_INLINE void int_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r, 
 #endif
     if (asym || fmt == KT_I4) {
         const float *gsum = a->q_group_sum + t0 * n_groups;
-        for (int64_t g = 0; g < n_groups; g++)
-            for (int i = 0; i < RT; i++) {
-                float c = asym ? rows.min[i][g] : -8.0f * rows.scale[i][g];
-                for (int t = 0; t < TT; t++)
-                    dots[i][t] += c * gsum[t * n_groups + g];
-            }
+        for (int i = 0; i < RT; i++)
+            for (int t = 0; t < TT; t++)
+                dots[i][t] += asym ? dot_f32(rows.min[i], gsum + t * n_groups, n_groups)
+                                   : -8.0f * dot_f32(rows.scale[i], gsum + t * n_groups, n_groups);
     }
     for (int i = 0; i < RT; i++)
         for (int t = 0; t < TT; t++)
