@@ -10,6 +10,15 @@
 #include <stdint.h>
 #include "kt.h"
 
+/* A spin-wait hint: lets the sibling hyperthread run while a worker polls. */
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
 /* ---- thread pool jobs ----------------------------------------------------------
  * kt_pool_run calls fn(ctx, task, thread) once for every task in [0, n_tasks),
  * tasks handed out dynamically (atomic counter) across the pool's threads, the

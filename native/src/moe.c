@@ -45,14 +45,6 @@
 #define TASKS_PER_THREAD 8
 #define SPINS_BEFORE_YIELD 2000
 
-#if defined(__x86_64__) || defined(__i386__)
-#define cpu_relax() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define cpu_relax() __asm__ __volatile__("yield")
-#else
-#define cpu_relax() ((void)0)
-#endif
-
 typedef struct moe_unit {
     int32_t expert;
     int32_t active;     /* index into the plan's active-expert list */

@@ -32,14 +32,6 @@
 #define CLOSED INDEX_MASK
 #define SPIN_ROUNDS 16384         /* ~0.2-2 ms of pause: covers the Python gap between kernels */
 
-#if defined(__x86_64__) || defined(__i386__)
-#define cpu_relax() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define cpu_relax() __asm__ __volatile__("yield")
-#else
-#define cpu_relax() ((void)0)
-#endif
-
 struct kt_pool {
     int n_threads;
     int n_workers;
