@@ -8,6 +8,7 @@ returns a Checkpoint that hands out tensors under HF names:
   experts(layer, proj)  routed experts of one layer as QMatrix (out, in)
 """
 
+import json
 from pathlib import Path
 
 import torch
@@ -154,3 +155,16 @@ def _resolve_cached_repo(repo_id: str) -> Path:
     except Exception as err:  # the hub raises several types for "not cached" and bad ids
         raise WeightsError(f"{repo_id}: not found in the local Hugging Face cache "
                            f"({type(err).__name__}); download it first") from None
+
+
+def read_config(directory: Path) -> dict:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise WeightsError(f"{directory}: missing config.json (not a Hugging Face model directory)")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise WeightsError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise WeightsError(f"{path}: not a JSON object")
+    return config

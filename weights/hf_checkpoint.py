@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import Checkpoint, architecture_of
+from .checkpoint import Checkpoint, architecture_of, read_config
 from .errors import WeightsError
 from .fp8 import block_size_from_config, dequantize_fp8_blocks, dequantize_fp8_channels
 from .layout import Format, QMatrix
@@ -28,7 +28,7 @@ class HFCheckpoint(Checkpoint):
     def __init__(self, directory: Path, streaming: bool = False) -> None:
         self.path = Path(directory)
         self.streaming = streaming
-        self.config = _read_config(self.path)
+        self.config = read_config(self.path)
         self.architecture = architecture_of(self.config, self.path / "config.json")
         self._files = _open_files(self.path)
         self._owner = _tensor_owners(self.path, self._files)
@@ -140,19 +140,6 @@ def _as_matrix(t: torch.Tensor, name: str) -> QMatrix:
     if t.dtype not in formats:
         raise WeightsError(f"fused experts {name!r} have dtype {t.dtype}, not a matrix format")
     return QMatrix(formats[t.dtype], t.shape[0], t.shape[1], t)
-
-
-def _read_config(directory: Path) -> dict:
-    path = directory / "config.json"
-    if not path.is_file():
-        raise WeightsError(f"{directory}: missing config.json (not a Hugging Face model directory)")
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise WeightsError(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise WeightsError(f"{path}: not a JSON object")
-    return config
 
 
 def _open_files(directory: Path) -> dict[str, SafetensorsFile]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import Checkpoint, architecture_of
+from .checkpoint import Checkpoint, architecture_of, read_config
 from .errors import WeightsError
 from .layout import LAYOUT_TAG, LAYOUT_VERSION, Format, QMatrix
 from .safetensors_file import SafetensorsFile
@@ -62,7 +62,7 @@ class KTCheckpoint(Checkpoint):
     def __init__(self, directory: Path) -> None:
         self.path = Path(directory)
         self.meta = read_format_file(self.path)
-        self.config = _read_config(self.path)
+        self.config = read_config(self.path)
         self.architecture = architecture_of(self.config, self.path / "config.json")
         self._files = [_open_part(self.path, rel) for rel in self.meta["files"]]
         self._matrices: dict[str, tuple[SafetensorsFile, dict]] = {}
@@ -136,14 +136,3 @@ def _open_part(directory: Path, rel: str) -> SafetensorsFile:
     if not path.is_file():
         raise WeightsError(f"{directory}: kt checkpoint file {rel} listed in {FORMAT_FILE} is missing")
     return SafetensorsFile(path)
-
-
-def _read_config(directory: Path) -> dict:
-    path = directory / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise WeightsError(f"{path}: missing or not valid JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise WeightsError(f"{path}: not a JSON object")
-    return config
