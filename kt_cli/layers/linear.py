@@ -34,8 +34,12 @@ class Target:
 
 
 def cpu_linear(x: torch.Tensor, w: QMatrix) -> torch.Tensor:
-    """x [m, cols] f32 @ w.T -> [m, rows] f32, in w's stored format."""
-    return ops.linear(x, w)
+    """x [m, cols] f32 @ w.T -> [m, rows] f32, in w's stored format, with float32
+    activations: dense layers see every token of every layer, and int8 activations
+    flipped near-ties in the output (SmolLM2 answered "What is the capital of
+    France?" in French: "The" led "L" by 0.08 logits in fp32). Routed experts keep
+    int8 activations (kt_cli.ops.moe)."""
+    return ops.linear(x, w, exact=True)
 
 
 class Linear(torch.nn.Module):

@@ -3,7 +3,7 @@ dtype against the tensors it is handed before calling C.
 
 API (implemented in this package's modules):
   pool()                                  the process-wide kt_pool (KT_THREADS threads)
-  linear(x [m, cols] f32, w: QMatrix)     -> [m, rows] f32
+  linear(x [m, cols] f32, w: QMatrix, exact=False) -> [m, rows] f32 (exact: f32 activations)
   quantize(w [rows, cols] f32, fmt, group, symmetric=True) -> QMatrix   (native, all threads)
   quantize_rows_i8(x [rows, n] f32)       -> (q int8 [rows, n], scale f32 [rows])
   membw_read_gbps(n_bytes, repeats)       -> float
@@ -44,8 +44,8 @@ class Ops:
     def pool(self) -> Pool:
         return Pool(self.kernels, self.threads)
 
-    def linear(self, x: torch.Tensor, w: QMatrix) -> torch.Tensor:
-        return _linear.linear(self.pool, x, w)
+    def linear(self, x: torch.Tensor, w: QMatrix, exact: bool = False) -> torch.Tensor:
+        return _linear.linear(self.pool, x, w, exact)
 
     def quantize(self, w: torch.Tensor, fmt: Format, group: int, symmetric: bool = True) -> QMatrix:
         return _quant.quantize(self.pool, w, fmt, group, symmetric)
@@ -67,8 +67,8 @@ def pool() -> Pool:
     return default().pool
 
 
-def linear(x: torch.Tensor, w: QMatrix) -> torch.Tensor:
-    return default().linear(x, w)
+def linear(x: torch.Tensor, w: QMatrix, exact: bool = False) -> torch.Tensor:
+    return default().linear(x, w, exact)
 
 
 def quantize(w: torch.Tensor, fmt: Format, group: int, symmetric: bool = True) -> QMatrix:

@@ -8,13 +8,15 @@ from .ffi_args import check, check_status, kt_matrix, matrix_2d, pointer
 from .pool import Pool
 
 
-def linear(pool: Pool, x: torch.Tensor, w: QMatrix) -> torch.Tensor:
+def linear(pool: Pool, x: torch.Tensor, w: QMatrix, exact: bool = False) -> torch.Tensor:
+    """exact=False: I8/I4 weights meet int8 activations (one scale per 32 values);
+    exact=True: float32 activations for every format (kt.h, kt_linear)."""
     ffi, lib = pool.kernels.ffi, pool.kernels.lib
     desc = kt_matrix(ffi, w)
     m, cols = matrix_2d(x, torch.float32, "x")
     check(cols == w.cols, f"x has {cols} columns, the weight expects {w.cols}")
     out = torch.empty(m, w.rows, dtype=torch.float32)
-    rc = lib.kt_linear_f32(pool.handle, pointer(ffi, out, "float *"),
-                           pointer(ffi, x, "const float *"), m, desc)
-    check_status(rc, "kt_linear_f32")
+    rc = lib.kt_linear(pool.handle, pointer(ffi, out, "float *"), pointer(ffi, x, "const float *"), m, desc,
+                       lib.KT_ACTS_F32 if exact else lib.KT_ACTS_INT8)
+    check_status(rc, "kt_linear")
     return out

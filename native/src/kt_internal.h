@@ -62,6 +62,7 @@ typedef struct kt_acts {
     int64_t cols;
     int32_t format;        /* the weight format these were prepared for */
     int32_t group;
+    int32_t float_acts;    /* 1: I8/I4 weights meet f32 (exact path; q etc. are NULL) */
     const float *f32;      /* [m, cols] */
     uint16_t *bf16;        /* [m, cols] or NULL */
     int8_t *q;             /* [m, cols] or NULL; I4: interleaved, see above */
@@ -86,6 +87,10 @@ size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles);
  * aligned); AMX panels only when amx_tiles is set (and the build and shape allow). */
 int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w, int amx_tiles,
                     void *scratch);
+
+/* The exact path: acts borrow x as float32 for any format (no scratch, no bf16
+ * rounding, no AMX panels). */
+int kt_acts_prepare_f32(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w);
 
 /* out[i * ldo + (r - r0)] = dot(W row r, token i) for i in [0, acts->m), r in [r0, r1).
  * Single-threaded: callers split rows (and experts) across the pool. */

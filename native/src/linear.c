@@ -10,8 +10,10 @@
  * also share each token vector across INT_ROWS weight rows; their activations
  * are int8 with one scale per 32 values (kt_acts, quant.c).
  *
- * kt_linear_f32 prepares the activations once (into per-thread scratch that is
+ * kt_linear prepares the activations once (into per-thread scratch that is
  * kept between calls), then splits the rows across the pool (rows_per_task).
+ * With KT_ACTS_F32 the integer formats take float activations instead and are
+ * dequantized in registers (simd_dequant.h).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -21,6 +23,7 @@
 #include "simd_float.h"
 #include "simd_int.h"
 #include "simd_amx.h"
+#include "simd_dequant.h"
 
 #define TOKEN_TILE 4
 #define BLOCK_BYTES (128 * 1024)
@@ -153,12 +156,59 @@ static void int_block_i4(float *o, int64_t l, const kt_matrix *w, int64_t r0, in
 static void int_block_i4_asym(float *o, int64_t l, const kt_matrix *w, int64_t r0, int64_t b0,
                               int64_t b1, const kt_acts *a) { int_block(o, l, w, r0, b0, b1, a, KT_I4, 1); }
 
+/* ---- integer formats against float activations (exact path) ------------------------ */
+
+/* Rows per dequantizing tile: under AVX2 (16 registers) 4 rows for one token,
+ * giving decode four independent FMA chains, and 2 rows for token tiles of 2-4;
+ * AVX-512 (32 registers) 4 x 4. */
+#if defined(__AVX512F__)
+#define DQ_ROWS(tt) 4
+#elif defined(__AVX2__)
+#define DQ_ROWS(tt) ((tt) == 1 ? 4 : 2)
+#else
+#define DQ_ROWS(tt) 1
+#endif
+
+#define DQ_TILE(RT, TT) dq_tile(o, ldo, w, r, RT, x, TT, fmt, asym)
+
+KT_INLINE void dq_block(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t b0,
+                        int64_t b1, const kt_acts *a, const int32_t fmt, const int asym)
+{
+    for (int64_t t0 = 0; t0 < a->m; t0 += TOKEN_TILE) {
+        int tt = a->m - t0 < TOKEN_TILE ? (int)(a->m - t0) : TOKEN_TILE;
+        const float *x = a->f32 + t0 * w->cols;
+        const int rows = DQ_ROWS(tt);
+        int64_t r = b0;
+        for (; rows > 1 && r + rows <= b1; r += rows) {
+            float *o = out + t0 * ldo + (r - r0);
+            if (rows == 4) { SWITCH_TT(DQ_TILE, 4, tt) } else { SWITCH_TT(DQ_TILE, 2, tt) }
+        }
+        for (; r < b1; r++) {
+            float *o = out + t0 * ldo + (r - r0);
+            SWITCH_TT(DQ_TILE, 1, tt)
+        }
+    }
+}
+
+static void dq_block_i8(float *o, int64_t l, const kt_matrix *w, int64_t r0, int64_t b0,
+                        int64_t b1, const kt_acts *a) { dq_block(o, l, w, r0, b0, b1, a, KT_I8, 0); }
+static void dq_block_i8_asym(float *o, int64_t l, const kt_matrix *w, int64_t r0, int64_t b0,
+                             int64_t b1, const kt_acts *a) { dq_block(o, l, w, r0, b0, b1, a, KT_I8, 1); }
+static void dq_block_i4(float *o, int64_t l, const kt_matrix *w, int64_t r0, int64_t b0,
+                        int64_t b1, const kt_acts *a) { dq_block(o, l, w, r0, b0, b1, a, KT_I4, 0); }
+static void dq_block_i4_asym(float *o, int64_t l, const kt_matrix *w, int64_t r0, int64_t b0,
+                             int64_t b1, const kt_acts *a) { dq_block(o, l, w, r0, b0, b1, a, KT_I4, 1); }
+
 /* ---- the shared rows kernel -------------------------------------------------------- */
 
 typedef void (*block_fn)(float *, int64_t, const kt_matrix *, int64_t, int64_t, int64_t, const kt_acts *);
 
-static block_fn pick_block(const kt_matrix *w)
+static block_fn pick_block(const kt_matrix *w, const kt_acts *acts)
 {
+    if (acts->float_acts && w->format == KT_I8)
+        return w->min ? dq_block_i8_asym : dq_block_i8;
+    if (acts->float_acts && w->format == KT_I4)
+        return w->min ? dq_block_i4_asym : dq_block_i4;
     switch (w->format) {
     case KT_F32: return float_block_f32;
     case KT_BF16: return float_block_bf16;
@@ -172,7 +222,7 @@ static block_fn pick_block(const kt_matrix *w)
 static void rows_by_blocks(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t from,
                            int64_t r1, const kt_acts *acts)
 {
-    block_fn block = pick_block(w);
+    block_fn block = pick_block(w, acts);
     int64_t rows_per_block = BLOCK_BYTES / row_bytes(w);
     rows_per_block = rows_per_block < 4 ? 4 : rows_per_block & ~(int64_t)3;
     for (int64_t b0 = from; b0 < r1; b0 += rows_per_block) {
@@ -265,17 +315,34 @@ static void *thread_scratch(size_t bytes)
     return s->p;
 }
 
-int kt_linear_f32(kt_pool *pool, float *out, const float *x, int64_t m, const kt_matrix *w)
+/* Activations as the kernels want them: quantized into the calling thread's
+ * scratch (KT_ACTS_INT8), or x itself (KT_ACTS_F32). */
+static int prepare(kt_acts *acts, kt_pool *pool, const float *x, int64_t m, const kt_matrix *w,
+                   int32_t kind)
 {
-    if (!out || !x || m < 1 || kt_matrix_check(w) != KT_OK)
-        return KT_EINVAL;
+    if (kind == KT_ACTS_F32)
+        return kt_acts_prepare_f32(acts, x, m, w);
     int amx_tiles = kt_pool_amx_tiles(pool);
     size_t bytes = kt_acts_scratch_bytes(w, m, amx_tiles);
     void *scratch = bytes > 0 ? thread_scratch(bytes) : NULL;
     if (bytes > 0 && !scratch)
         return KT_ENOMEM;
+    return kt_acts_prepare(acts, x, m, w, amx_tiles, scratch);
+}
+
+int kt_linear_f32(kt_pool *pool, float *out, const float *x, int64_t m, const kt_matrix *w)
+{
+    return kt_linear(pool, out, x, m, w, KT_ACTS_INT8);
+}
+
+int kt_linear(kt_pool *pool, float *out, const float *x, int64_t m, const kt_matrix *w, int32_t acts_kind)
+{
+    if (!out || !x || m < 1 || kt_matrix_check(w) != KT_OK)
+        return KT_EINVAL;
+    if (acts_kind != KT_ACTS_INT8 && acts_kind != KT_ACTS_F32)
+        return KT_EINVAL;
     kt_acts acts;
-    int rc = kt_acts_prepare(&acts, x, m, w, amx_tiles, scratch);
+    int rc = prepare(&acts, pool, x, m, w, acts_kind);
     if (rc != KT_OK)
         return rc;
     int threads = pool ? kt_pool_threads(pool) : 1;

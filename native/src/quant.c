@@ -399,3 +399,17 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
     }
     return KT_OK;
 }
+
+int kt_acts_prepare_f32(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w)
+{
+    if (!acts || !x || m < 1 || kt_matrix_check(w) != KT_OK)
+        return KT_EINVAL;
+    memset(acts, 0, sizeof *acts);
+    acts->m = m;
+    acts->cols = w->cols;
+    acts->format = w->format;
+    acts->group = w->group;
+    acts->float_acts = 1;
+    acts->f32 = x;
+    return KT_OK;
+}

@@ -296,13 +296,13 @@ def replace_max(sampling, max_tokens: int):
 
 @pytest.fixture(scope="module")
 def france_answers(smollm2_gguf) -> dict:
-    """--prompt and stdin on the default model, run side by side (one thread each).
-    Without a system prompt SmolLM2's first token is a near-tie ("The" leads "L" by 0.08 in
-    transformers' float32 run, and kt's int8 activations flip it into French); with this one the
-    float32 reference answers "The capital of France is Paris." with every greedy step >= 0.7
-    ahead of the runner-up."""
+    """--prompt and stdin on the default model, run side by side (one thread each), with no
+    system prompt: the issue's command. SmolLM2's first token is then a near-tie ("The" leads
+    "L" by 0.08 logits in transformers' float32 run); int8 activations in the dense layers
+    flipped it into a French answer, which is why they take float32 activations
+    (kt_cli/layers/linear.py)."""
     env = chat_env()
-    common = ["--system", "Answer in English.", "--temperature", "0", "--threads", "1", "--max-tokens", "64"]
+    common = ["--temperature", "0", "--threads", "1", "--max-tokens", "64"]
     runs = {
         "prompt": subprocess.Popen([sys.executable, *chat_args("--prompt", FRANCE, *common)], env=env,
                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),

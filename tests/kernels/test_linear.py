@@ -1,4 +1,4 @@
-"""kt_linear_f32 on each variant vs an fp64 torch reference.
+"""kt_linear_f32 / kt_linear on each variant vs an fp64 torch reference.
 
 Error measure: ||out - ref|| / || |x| @ |W|^T || over the whole output (fp64):
 the size of the sum without cancellation, the scale f32 rounding errors follow.
@@ -13,6 +13,8 @@ the size of the sum without cancellation, the scale f32 rounding errors follow.
                  element) the bound is 5e-3 (measured <= 3.3e-3; it was 1e-2).
                  With outliers (|x| = 1000-2000 among N(0, 1) values) per-row
                  scales give 1.3e-2 > 2x the bound: test_outliers_stay_in_their_block.
+  exact=True:    (kt_linear, KT_ACTS_F32) f32 activations for every format, so
+                 ref = x @ W.dequantize()^T, bound 1e-6 for I8/I4 as well.
 AMX tiles (amx variant, opt-in): the same bounds with the tile path enabled.
 """
 
@@ -86,6 +88,25 @@ def test_quantized_formats(ops, fmt, rows, cols, group, symmetric, m):
     out = ops.linear(x, w)
     assert rel_err(out, _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
     assert rel_err(out, x, w.dequantize()) < QUANT_X_BOUND
+
+
+@pytest.mark.parametrize("m", TOKENS)
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("fmt, rows, cols, group", QUANT_CASES)
+def test_quantized_formats_exact_activations(ops, fmt, rows, cols, group, symmetric, m):
+    """exact=True: the activations stay f32 (weights dequantized in registers), so the
+    result is x @ W.dequantize()^T to f32 rounding, with no int8 error to allow for."""
+    w = quantize_reference(_randn(rows, cols, seed=rows * cols), fmt, group, symmetric)
+    x = _randn(m, cols, seed=m + cols)
+    x[:, 0] = 1000.0
+    assert rel_err(ops.linear(x, w, exact=True), x, w.dequantize()) < QUANT_EXACT_BOUND
+
+
+@pytest.mark.parametrize("fmt", [Format.F32, Format.BF16, Format.F16], ids=lambda f: f.name)
+def test_float_formats_exact_activations_skip_bf16_rounding(ops, fmt):
+    w = QMatrix(fmt, 37, 96, _randn(37, 96, seed=2).to(FLOAT_DTYPES[fmt]))
+    x = _randn(5, 96, seed=3)
+    assert rel_err(ops.linear(x, w, exact=True), x, w.dequantize()) < 1e-5
 
 
 @pytest.mark.parametrize("fmt, group, symmetric", [
