@@ -3,9 +3,9 @@ teacher-forced on llama.cpp's own greedy continuations: at every generated posit
 kt's argmax must equal llama.cpp's token on >= 95% of positions.
 
 llama.cpp multiplies Q4_1 weights with activations quantized to Q8_1 (int8 with
-one scale per 32 values), so exact agreement is not expected; kt with exact float
-matmuls on the same dequantized weights agrees on 94/96 positions (and matches
-transformers' own GGUF loader to 1.5e-6 relative)."""
+one scale per 32 values), so exact agreement is not expected; kt's dense layers take
+float32 activations (exact matmuls on the dequantized weights) and agree on 94/96
+positions (and match transformers' own GGUF loader to 1.5e-6 relative)."""
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ from kt_weights.checkpoint import open_checkpoint
 from tiny_models import PagedDriver
 
 MIN_AGREEMENT = 0.95
-MAX_LOGIT_DIFF = 1.0
+MAX_LOGIT_DIFF = 0.75
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +46,8 @@ def test_smollm2_q4_1_teacher_forced_greedy_matches_llamacpp(teacher_forced, smo
 
 @pytest.mark.slow
 def test_smollm2_logits_near_llamacpp(teacher_forced, smollm2_reference):
-    """At every generated position, llama.cpp's top-5 logits within 1.0 (logits span
-    ~15-35 here; kt with exact float matmuls stays within 0.56)."""
+    """At every generated position, llama.cpp's top-5 logits within 0.75 (logits span
+    ~15-35 here; kt stays within 0.56; with int8 activations it was 0.94)."""
     for p in smollm2_reference["prompts"]:
         logits = teacher_forced[p["name"]]
         worst = max(abs(logits[step, tok].item() - value)
