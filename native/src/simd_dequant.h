@@ -98,6 +98,9 @@ KT_INLINE void dq_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r, c
         for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += STEP) {
             /* one code block (I4: 32 columns in 16 bytes; I8: 16 columns), its
              * chunks unrolled so every offset is a constant */
+            if ((k0 & 127) == 0)         /* the next tile's rows, as simd_int.h */
+                for (int i = 0; i < RT; i++)
+                    __builtin_prefetch(codes[i] + (fmt == KT_I4 ? k0 / 2 : k0) + RT * row_bytes);
             for (int j0 = 0; j0 < STEP; j0 += VF_N) {
                 for (int i = 0; i < RT; i++) {
                     vf c = dq_codes(codes[i] + (fmt == KT_I4 ? k0 / 2 : k0), j0, fmt, minus8);
