@@ -31,11 +31,18 @@ def check_status(rc: int, what: str) -> int:
 
 
 def check_tensor(t, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> None:
-    check(isinstance(t, torch.Tensor), f"{what} must be a torch.Tensor, got {type(t).__name__}")
-    check(t.device.type == "cpu", f"{what} is on {t.device}, expected cpu")
-    check(t.dtype == dtype, f"{what} has dtype {t.dtype}, expected {dtype}")
-    check(tuple(t.shape) == tuple(shape), f"{what} has shape {tuple(t.shape)}, expected {tuple(shape)}")
-    check(t.is_contiguous(), f"{what} is not contiguous")
+    """The messages are only formatted on failure: this runs several times per layer
+    in decode, where formatting them every time cost ~10 us a call."""
+    if not isinstance(t, torch.Tensor):
+        raise OpError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise OpError(f"{what} is on {t.device}, expected cpu")
+    if t.dtype != dtype:
+        raise OpError(f"{what} has dtype {t.dtype}, expected {dtype}")
+    if t.shape != tuple(shape):
+        raise OpError(f"{what} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if not t.is_contiguous():
+        raise OpError(f"{what} is not contiguous")
 
 
 def pointer(ffi, t: torch.Tensor, ctype: str):
@@ -44,11 +51,13 @@ def pointer(ffi, t: torch.Tensor, ctype: str):
 
 
 def matrix_2d(t, dtype: torch.dtype, what: str) -> tuple[int, int]:
-    check(isinstance(t, torch.Tensor) and t.dim() == 2,
-          f"{what} must be a 2-D tensor, got {_shape_of(t)}")
-    check(t.shape[0] >= 1 and t.shape[1] >= 1, f"{what} is empty: shape {tuple(t.shape)}")
-    check_tensor(t, dtype, tuple(t.shape), what)
-    return int(t.shape[0]), int(t.shape[1])
+    if not (isinstance(t, torch.Tensor) and t.dim() == 2):
+        raise OpError(f"{what} must be a 2-D tensor, got {_shape_of(t)}")
+    m, n = t.shape
+    if m < 1 or n < 1:
+        raise OpError(f"{what} is empty: shape {tuple(t.shape)}")
+    check_tensor(t, dtype, t.shape, what)
+    return int(m), int(n)
 
 
 def kt_matrix(ffi, w: QMatrix, what: str = "weight"):

@@ -99,10 +99,10 @@ int kt_quantize_matrix_f32(kt_pool *pool, const kt_matrix *dst, const float *w);
 int kt_linear_f32(kt_pool *pool, float *out, const float *x, int64_t m, const kt_matrix *w);
 
 /* The same with a choice of activations: KT_ACTS_INT8 as kt_linear_f32;
- * KT_ACTS_F32 keeps x in float32 for every format (I8/I4 weights are dequantized
- * in registers), so the result is W . x up to f32 rounding: slower in prefill,
- * as fast in decode (memory-bound), and what dense layers use, where int8
- * activations can flip a near-tie between two tokens. */
+ * KT_ACTS_F32 keeps x in float32 for every format, so the result is W . x up to
+ * f32 rounding: I8/I4 weights are dequantized in registers (m < 16) or per row
+ * panel into a float32 GEMM (m >= 16, AVX2 and AVX-512 builds). What dense
+ * layers use, where int8 activations can flip a near-tie between two tokens. */
 enum kt_acts_kind { KT_ACTS_INT8 = 0, KT_ACTS_F32 = 1 };
 
 int kt_linear(kt_pool *pool, float *out, const float *x, int64_t m, const kt_matrix *w, int32_t acts);

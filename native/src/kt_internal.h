@@ -64,6 +64,8 @@ typedef struct kt_acts {
     int32_t group;
     int32_t float_acts;    /* 1: I8/I4 weights meet f32 (exact path; q etc. are NULL) */
     const float *f32;      /* [m, cols] */
+    float *xt;             /* exact path's GEMM (float_acts, m >= KT_GEMM_MIN_TOKENS,
+                            * AVX2+): x per token tile, transposed (gemm.c); or NULL */
     uint16_t *bf16;        /* [m, cols] or NULL */
     int8_t *q;             /* [m, cols] or NULL; I4: interleaved, see above */
     float *q_scale;        /* [m, n_blocks], n_blocks = ceil(cols / 32) */
@@ -80,17 +82,38 @@ typedef struct kt_acts {
 /* Token count from which kt_acts_prepare lays out AMX panels (amx variant). */
 #define KT_AMX_MIN_TOKENS 16
 
-/* Bytes of scratch kt_acts_prepare needs for m rows against matrix w; amx_tiles
- * as kt_pool_amx_tiles of the pool the kernels will run on. */
-size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles);
-/* Fills acts from x [m, w->cols] using `scratch` (kt_acts_scratch_bytes long, 64-byte
- * aligned); AMX panels only when amx_tiles is set (and the build and shape allow). */
-int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w, int amx_tiles,
-                    void *scratch);
+/* The exact path's prefill GEMM (gemm.c): builds with AVX2 and FMA, from
+ * KT_GEMM_MIN_TOKENS tokens. KT_GEMM_TOKENS = its token tile. */
+#if defined(__AVX2__) && defined(__FMA__)
+#define KT_GEMM_BUILD 1
+#endif
+#define KT_GEMM_MIN_TOKENS 16
+#if defined(__AVX512F__)
+#define KT_GEMM_TOKENS 32
+#else
+#define KT_GEMM_TOKENS 16
+#endif
 
-/* The exact path: acts borrow x as float32 for any format (no scratch, no bf16
- * rounding, no AMX panels). */
-int kt_acts_prepare_f32(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w);
+/* Bytes of scratch kt_acts_prepare needs for m rows against matrix w; amx_tiles
+ * as kt_pool_amx_tiles of the pool the kernels will run on; float_acts 1 for the
+ * exact path (float32 activations for every format). */
+size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int float_acts);
+/* Fills acts from x [m, w->cols] using `scratch` (kt_acts_scratch_bytes long, 64-byte
+ * aligned): with float_acts the GEMM's transposed tiles when it applies, else
+ * nothing (the kernels read x); else int8 (I8/I4) or bf16 (BF16 on avx512_bf16),
+ * and AMX panels when amx_tiles is set (and the build and shape allow). */
+int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w, int amx_tiles,
+                    int float_acts, void *scratch);
+
+/* Rows [r0, r1) of W against acts->xt (acts prepared for the GEMM): the same
+ * contract as kt_matrix_rows_f32. KT_ENOMEM if the per-thread panel could not be
+ * allocated (nothing written); KT_EUNSUPPORTED on builds without the GEMM. */
+int kt_gemm_rows(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                 const kt_acts *acts);
+
+/* Per-thread buffers (threadbuf.c), grown on demand and kept; one per slot. */
+enum { KT_BUF_ACTS = 0, KT_BUF_GEMM_PANEL = 1, KT_THREAD_BUF_SLOTS = 2 };
+void *kt_thread_buffer(int slot, size_t bytes);
 
 /* out[i * ldo + (r - r0)] = dot(W row r, token i) for i in [0, acts->m), r in [r0, r1).
  * Single-threaded: callers split rows (and experts) across the pool. */

@@ -17,7 +17,6 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include <pthread.h>
 #include <stdlib.h>
 #include "kt_internal.h"
 #include "simd_float.h"
@@ -234,6 +233,16 @@ static void rows_by_blocks(float *out, int64_t ldo, const kt_matrix *w, int64_t 
 void kt_matrix_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
                         const kt_acts *acts)
 {
+    if (acts->xt) {
+        if (kt_gemm_rows(out, ldo, w, r0, r1, acts) == KT_OK)
+            return;
+        /* no memory for the GEMM's panel: the float32 tiles need only x */
+        kt_acts exact = *acts;
+        exact.float_acts = 1;
+        exact.xt = NULL;
+        rows_by_blocks(out, ldo, w, r0, r0, r1, &exact);
+        return;
+    }
     int64_t from = r0;
 #if defined(KT_HAVE_AMX)
     /* full 16-row blocks on the AMX tiles when the tokens were laid out for them */
@@ -267,67 +276,29 @@ static void linear_task(void *ctx, int64_t task, int thread)
 /* About TASKS_PER_THREAD tasks per thread, so a thread delayed by the OS costs
  * little, but each worth at least MIN_TASK_BYTES of weight-times-token work, so
  * claiming a task (one atomic on a shared line) stays cheap beside it; a
- * multiple of 4 rows, the integer kernels' row tile. */
+ * multiple of 12 rows: whole row tiles of the integer kernels (4) and of the
+ * GEMM (6 or 12). */
 static int64_t rows_per_task(const kt_matrix *w, int64_t m, int threads)
 {
     int64_t balanced = (w->rows + (int64_t)TASKS_PER_THREAD * threads - 1) / ((int64_t)TASKS_PER_THREAD * threads);
     int64_t work = row_bytes(w) * m;
     int64_t least = (MIN_TASK_BYTES + work - 1) / work;
     int64_t rows = balanced > least ? balanced : least;
-    return (rows + 3) & ~(int64_t)3;
+    return (rows + 11) / 12 * 12;
 }
 
-/* Activation scratch of each calling thread, grown on demand and kept, so a
- * decode call allocates nothing; freed when the thread exits. */
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-
-struct scratch { void *p; size_t cap; };
-
-static void scratch_free(void *s_)
-{
-    struct scratch *s = s_;
-    free(s->p);
-    free(s);
-}
-
-static void scratch_key_init(void) { pthread_key_create(&scratch_key, scratch_free); }
-
-static void *thread_scratch(size_t bytes)
-{
-    pthread_once(&scratch_once, scratch_key_init);
-    struct scratch *s = pthread_getspecific(scratch_key);
-    if (!s) {
-        s = calloc(1, sizeof *s);
-        if (!s || pthread_setspecific(scratch_key, s) != 0) {
-            free(s);
-            return NULL;
-        }
-    }
-    if (bytes > s->cap) {
-        void *p = NULL;
-        if (posix_memalign(&p, 64, bytes) != 0)
-            return NULL;
-        free(s->p);
-        s->p = p;
-        s->cap = bytes;
-    }
-    return s->p;
-}
-
-/* Activations as the kernels want them: quantized into the calling thread's
- * scratch (KT_ACTS_INT8), or x itself (KT_ACTS_F32). */
+/* Activations as the kernels want them, in the calling thread's scratch:
+ * quantized (KT_ACTS_INT8) or float32 (KT_ACTS_F32), or the GEMM's tiles. */
 static int prepare(kt_acts *acts, kt_pool *pool, const float *x, int64_t m, const kt_matrix *w,
                    int32_t kind)
 {
-    if (kind == KT_ACTS_F32)
-        return kt_acts_prepare_f32(acts, x, m, w);
-    int amx_tiles = kt_pool_amx_tiles(pool);
-    size_t bytes = kt_acts_scratch_bytes(w, m, amx_tiles);
-    void *scratch = bytes > 0 ? thread_scratch(bytes) : NULL;
+    int float_acts = kind == KT_ACTS_F32;
+    int amx_tiles = float_acts ? 0 : kt_pool_amx_tiles(pool);
+    size_t bytes = kt_acts_scratch_bytes(w, m, amx_tiles, float_acts);
+    void *scratch = bytes > 0 ? kt_thread_buffer(KT_BUF_ACTS, bytes) : NULL;
     if (bytes > 0 && !scratch)
         return KT_ENOMEM;
-    return kt_acts_prepare(acts, x, m, w, amx_tiles, scratch);
+    return kt_acts_prepare(acts, x, m, w, amx_tiles, float_acts, scratch);
 }
 
 int kt_linear_f32(kt_pool *pool, float *out, const float *x, int64_t m, const kt_matrix *w)

@@ -14,7 +14,8 @@ the size of the sum without cancellation, the scale f32 rounding errors follow.
                  With outliers (|x| = 1000-2000 among N(0, 1) values) per-row
                  scales give 1.3e-2 > 2x the bound: test_outliers_stay_in_their_block.
   exact=True:    (kt_linear, KT_ACTS_F32) f32 activations for every format, so
-                 ref = x @ W.dequantize()^T, bound 1e-6 for I8/I4 as well.
+                 ref = x @ W.dequantize()^T, bound 1e-6 for I8/I4 as well; m = 33
+                 runs the prefill GEMM (>= 16 tokens) with a partial token tile.
 AMX tiles (amx variant, opt-in): the same bounds with the tile path enabled.
 """
 
@@ -102,10 +103,14 @@ def test_quantized_formats_exact_activations(ops, fmt, rows, cols, group, symmet
     assert rel_err(ops.linear(x, w, exact=True), x, w.dequantize()) < QUANT_EXACT_BOUND
 
 
+@pytest.mark.parametrize("m", [5, 37])
+@pytest.mark.parametrize("rows, cols", [(37, 96), (13, 33)])
 @pytest.mark.parametrize("fmt", [Format.F32, Format.BF16, Format.F16], ids=lambda f: f.name)
-def test_float_formats_exact_activations_skip_bf16_rounding(ops, fmt):
-    w = QMatrix(fmt, 37, 96, _randn(37, 96, seed=2).to(FLOAT_DTYPES[fmt]))
-    x = _randn(5, 96, seed=3)
+def test_float_formats_exact_activations_skip_bf16_rounding(ops, fmt, rows, cols, m):
+    """m >= 16 runs the exact path's GEMM (native/src/gemm.c), here with padded row
+    panels and a column count no vector width divides."""
+    w = QMatrix(fmt, rows, cols, _randn(rows, cols, seed=2).to(FLOAT_DTYPES[fmt]))
+    x = _randn(m, cols, seed=3)
     assert rel_err(ops.linear(x, w, exact=True), x, w.dequantize()) < 1e-5
 
 
