@@ -129,7 +129,8 @@ class LLM:
         config = EngineConfig(
             ctx=ctx, kv_bytes=kv_bytes, block_size=opts.block_size,
             max_batch=opts.max_batch, max_step_tokens=opts.max_step_tokens,
-            prefix_caching=opts.prefix_caching, eos_token_ids=eos_token_ids(model, tokenizer), seed=opts.seed)
+            prefix_caching=opts.prefix_caching, eos_token_ids=eos_token_ids(model, tokenizer), seed=opts.seed,
+            prefill_torch_threads=_prefill_torch_threads(opts))
         self.engine = LLMEngine(model, tokenizer, config, device=opts.device)
 
     @property
@@ -239,6 +240,14 @@ def _kv_budget(model, opts: LLMOptions, ctx: int) -> int:
     wanted = opts.max_batch * ctx * per_token
     ram_share = int(hardware.memory().available_bytes * DEFAULT_KV_RAM_SHARE)
     return max(min(wanted, ram_share), (ctx + opts.block_size) * per_token)
+
+
+def _prefill_torch_threads(opts: LLMOptions) -> int | None:
+    """On the CPU, unless torch_threads was set: the kt pool's thread count for big prefill
+    steps (kt_cli.engine.model_runner.ModelRunner)."""
+    if opts.device != "cpu" or opts.torch_threads is not None:
+        return None
+    return opts.threads or hardware.default_threads()
 
 
 def _set_threads(opts: LLMOptions) -> None:

@@ -44,6 +44,7 @@ class EngineConfig:
     prefix_caching: bool = True
     eos_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    prefill_torch_threads: int | None = None    # torch threads for steps of many tokens (ModelRunner)
 
     def __post_init__(self):
         for name in ("ctx", "kv_bytes", "block_size", "max_batch", "max_step_tokens"):
@@ -87,7 +88,8 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(config.max_batch, config.max_step_tokens),
                                    self.block_manager)
         generator = None if config.seed is None else torch.Generator().manual_seed(config.seed)
-        self.runner = ModelRunner(model, config.block_size, num_blocks, Sampler(generator), device)
+        self.runner = ModelRunner(model, config.block_size, num_blocks, Sampler(generator), device,
+                                  config.prefill_torch_threads)
         self.streams: dict[str, TextStream] = {}
         self.inbox = _Inbox()
 

@@ -1,5 +1,6 @@
 """Scheduled chunks -> ForwardBatch -> model -> logits -> sampled tokens. Owns the KV cache."""
 
+from contextlib import contextmanager
 from typing import Protocol
 
 import torch
@@ -24,11 +25,21 @@ def blocks_in_budget(specs: list[KVSpec], block_size: int, budget_bytes: int) ->
     return budget_bytes // (block_size * kv_bytes_per_token(specs))
 
 
+WIDE_STEP_TOKENS = 64
+
+
 class ModelRunner:
+    """prefill_threads: torch's intra-op threads for steps of WIDE_STEP_TOKENS tokens or
+    more (None: leave torch's setting). On the CPU torch runs with one thread, as more
+    fought kt's pool in decode; but prefill attention over 512 tokens is large enough
+    to use the cores, and kt's pool is idle while it runs (scaled Qwen3-MoE, pp512:
+    attention 242 ms per layer on one thread)."""
+
     def __init__(self, model: CausalLM, block_size: int, num_blocks: int, sampler: Sampler,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", prefill_threads: int | None = None):
         if num_blocks < 1:
             raise KtError("the KV cache budget holds no block at all; raise kv_memory_gb")
+        self.prefill_threads = prefill_threads
         self.model = model
         self.sampler = sampler
         self.device = torch.device(device)
@@ -38,16 +49,30 @@ class ModelRunner:
     def run(self, chunks: list[ScheduledChunk]) -> list[int]:
         """One step; returns the next token of each chunk that reaches its sequence's end, in order."""
         sampling = [chunk.seq for chunk in chunks if chunk.samples]
-        logits = self.model.forward(self.build_batch(chunks, all_rows=False))   # [R, V]
+        with self._torch_threads(sum(chunk.num_tokens for chunk in chunks)):
+            logits = self.model.forward(self.build_batch(chunks, all_rows=False))   # [R, V]
         return self.sampler(logits, sampling) if sampling else []
+
+    @contextmanager
+    def _torch_threads(self, n_tokens: int):
+        before = torch.get_num_threads()
+        wide = self.prefill_threads is not None and n_tokens >= WIDE_STEP_TOKENS and self.prefill_threads != before
+        if wide:
+            torch.set_num_threads(self.prefill_threads)
+        try:
+            yield
+        finally:
+            if wide:
+                torch.set_num_threads(before)
 
     @torch.inference_mode()
     def logits(self, chunks: list[ScheduledChunk], first: int = 0) -> torch.Tensor:
         """Logits at every scheduled position from row `first` on: [N - first, V]."""
-        if first >= sum(chunk.num_tokens for chunk in chunks):
-            self.model.forward(self.build_batch(chunks, all_rows=False))
-            return torch.empty(0)
-        return self.model.forward(self.build_batch(chunks, all_rows=True, first=first)).float().cpu()
+        with self._torch_threads(sum(chunk.num_tokens for chunk in chunks)):
+            if first >= sum(chunk.num_tokens for chunk in chunks):
+                self.model.forward(self.build_batch(chunks, all_rows=False))
+                return torch.empty(0)
+            return self.model.forward(self.build_batch(chunks, all_rows=True, first=first)).float().cpu()
 
     def build_batch(self, chunks: list[ScheduledChunk], all_rows: bool, first: int = 0) -> ForwardBatch:
         """Logits rows: every position from row `first` on (all_rows) or the last position of
