@@ -1,6 +1,6 @@
 """kt: Mixture-of-Experts inference on a commodity CPU, plus a GPU when there is one."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["LLM", "SamplingParams", "__version__"]
 
 

@@ -45,7 +45,7 @@ def chat(
     model: str = typer.Argument(None, metavar="[MODEL]", help="GGUF file, model directory or cached repo id (default: the default model)"),
     url: str = typer.Option(None, "--url", envvar="KT_URL", help="talk to an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"),
     system: str = typer.Option(None, "--system", help="system prompt"),
-    temperature: float = typer.Option(0.8, "--temperature", help="0 = greedy (deterministic)"),
+    temperature: float = typer.Option(None, "--temperature", help="0 = greedy (default: 0 with --prompt or piped stdin, 0.8 interactive)"),
     top_p: float = typer.Option(0.9, "--top-p"),
     max_tokens: int = typer.Option(None, "--max-tokens", help="reply length cap"),
     seed: int = typer.Option(None, "--seed", help="sampling seed, for repeatable replies"),

@@ -18,7 +18,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--url", metavar="URL", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--temperature", type=float, metavar="T", default=ChatOptions.temperature,
-                   help=f"0 = greedy (default {ChatOptions.temperature})")
+                   help="0 = greedy (default: 0 with --prompt or piped stdin, 0.8 interactive)")
     p.add_argument("--top-p", type=float, metavar="P", default=ChatOptions.top_p,
                    help=f"nucleus sampling (default {ChatOptions.top_p})")
     p.add_argument("--max-tokens", type=int, metavar="N", help="reply length cap (default: until the context is full)")

@@ -12,7 +12,7 @@ from .. import store
 from ..hardware import kt_home
 from .backend import Backend, BackendError, Sampling
 from .conversation import Conversation
-from .options import ChatError, ChatOptions
+from .options import INTERACTIVE_TEMPERATURE, ONE_SHOT_TEMPERATURE, ChatError, ChatOptions
 from .session import ChatSession
 from .terminal import interrupts_to
 
@@ -31,7 +31,7 @@ def run_chat(options: ChatOptions) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     with contextlib.closing(backend):
-        session = ChatSession(backend, Conversation(options.system), sampling_of(options))
+        session = ChatSession(backend, Conversation(options.system), sampling_of(options, message is not None))
         try:
             if message is not None:
                 return answer_once(session, message, errors)
@@ -69,8 +69,11 @@ def answer_once(session: ChatSession, message: str, errors: Console) -> int:
     return EXIT_INTERRUPTED if stats.finish_reason == "abort" else 0
 
 
-def sampling_of(options: ChatOptions) -> Sampling:
-    return Sampling(options.temperature, options.top_p, options.max_tokens, options.seed)
+def sampling_of(options: ChatOptions, one_shot: bool = False) -> Sampling:
+    temperature = options.temperature
+    if temperature is None:
+        temperature = ONE_SHOT_TEMPERATURE if one_shot else INTERACTIVE_TEMPERATURE
+    return Sampling(temperature, options.top_p, options.max_tokens, options.seed)
 
 
 def history_path() -> Path:

@@ -11,17 +11,23 @@ class ChatError(KtError):
     pass
 
 
+INTERACTIVE_TEMPERATURE = 0.8
+ONE_SHOT_TEMPERATURE = 0.0
+
+
 @dataclass(frozen=True)
 class ChatOptions:
     """model: GGUF file, model directory or cached HF repo id (None: kt's default model);
     with url, the model name to ask the server for (None: the server's first model).
     url: an OpenAI-compatible server (http://host:port/v1) instead of an in-process model.
     max_tokens None: reply until end of turn or until the context is full.
-    prompt: answer this one message, print only the reply and exit."""
+    prompt: answer this one message, print only the reply and exit.
+    temperature None: greedy (0) for one-shot answers, which scripts want reproducible, and
+    INTERACTIVE_TEMPERATURE in the interactive chat."""
     model: str | None = None
     url: str | None = None
     system: str | None = None
-    temperature: float = 0.8
+    temperature: float | None = None
     top_p: float = 0.9
     max_tokens: int | None = None
     seed: int | None = None
@@ -38,7 +44,7 @@ class ChatOptions:
     def _problems(self) -> list[str]:
         local_only = [name for name in ("threads", "ctx") if getattr(self, name) is not None]
         checks = [
-            (_is_number(self.temperature) and self.temperature >= 0,
+            (self.temperature is None or (_is_number(self.temperature) and self.temperature >= 0),
              f"--temperature must be a number >= 0, got {self.temperature!r}"),
             (_is_number(self.top_p) and 0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p!r}"),
             (self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),

@@ -39,6 +39,14 @@ def test_url_is_normalized(given, normalized):
     assert ChatOptions(url=given).url == normalized
 
 
+@pytest.mark.parametrize("temperature, one_shot, expected", [
+    (None, True, 0.0), (None, False, 0.8), (0.5, True, 0.5), (0.0, False, 0.0),
+])
+def test_default_temperature_is_greedy_only_for_one_shot_answers(temperature, one_shot, expected):
+    from kt_cli.chat.app import sampling_of
+    assert sampling_of(ChatOptions(temperature=temperature), one_shot).temperature == expected
+
+
 def test_conversation_round_trips_through_its_file(tmp_path):
     conversation = Conversation("Be brief.", [])
     conversation.add("user", "Héllo\nthere")
