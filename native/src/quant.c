@@ -236,13 +236,11 @@ static int uses_amx(const kt_matrix *w, int64_t m, int amx_tiles)
 /* The GEMM serves the exact path (float activations) from KT_GEMM_MIN_TOKENS on.
  * Not the int8 path: on a 2-core Zen 3 its integer tiles ran an MoE layer's
  * prefill (32 tokens per expert) ~20% faster than dequantize-then-GEMM. */
-static int uses_gemm(const kt_matrix *w, int64_t m, int float_acts)
+static int uses_gemm(int64_t m, int float_acts)
 {
 #if defined(KT_GEMM_BUILD)
-    (void)w;
     return float_acts && m >= KT_GEMM_MIN_TOKENS;
 #else
-    (void)w;
     (void)m;
     (void)float_acts;
     return 0;
@@ -298,7 +296,7 @@ size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int f
     if (m < 1 || kt_matrix_check(w) != KT_OK)
         return 0;
     if (float_acts)
-        return uses_gemm(w, m, float_acts) ? xt_bytes(w, m) : 0;
+        return uses_gemm(m, float_acts) ? xt_bytes(w, m) : 0;
     if (w->format == KT_I8 || w->format == KT_I4)
         return int8_bytes(w, m) + amx_bytes(w, m, amx_tiles);
     if (uses_bf16_acts(w->format))
@@ -423,7 +421,7 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
     acts->float_acts = float_acts ? 1 : 0;
     acts->f32 = x;
     if (float_acts) {
-        if (uses_gemm(w, m, float_acts)) {
+        if (uses_gemm(m, float_acts)) {
             acts->xt = scratch;
             fill_xt(acts->xt, x, m, w->cols);
         }
