@@ -15,7 +15,9 @@ before a kernel change) beside the installed one, calls alternating, so both see
 the same machine load; its rows are marked "@base". Calls are then spaced by
 POOL_SETTLE_S so neither pool's spinning workers steal the other's cores (both
 then pay a worker wake-up per call).
-i4-g32a, i8-g32 and i8-g16 are the layouts of GGUF Q4_1, Q8_0 and Q6_K.
+i4-g32a, i8-g32 and i8-g16 are the layouts of GGUF Q4_1, Q8_0 and Q6_K. Each I8/I4 row
+is timed in the row layout and tiled ("-tiled", kt.h KT_LAYOUT_TILES, what models load).
+--exact times the float32-activation path the dense layers use.
 """
 
 import argparse
@@ -27,7 +29,7 @@ import torch
 
 from kt_cli import hardware, kernels
 from kt_cli.kernels import Kernels
-from kt_cli.ops import Ops
+from kt_cli.ops import Ops, kernel_layout
 from kt_weights.layout import Format, QMatrix, quantize_reference
 
 SHAPES = [(2048, 2048), (768, 2048)]
@@ -89,6 +91,7 @@ def main() -> None:
     parser.add_argument("--footprint-mib", type=int, default=512)
     parser.add_argument("--formats", default=",".join(f[0] for f in FORMATS))
     parser.add_argument("--baseline", default=None, help="a saved .so of the same variant to time beside")
+    parser.add_argument("--exact", action="store_true", help="float32 activations (the dense layers' path)")
     args = parser.parse_args()
     loaded = kernels.load_variant(args.variant) if args.variant else kernels.load()
     ops = Ops(loaded, args.threads or hardware.default_threads())
@@ -113,11 +116,14 @@ def bench_shape(rows: int, cols: int, m: int, formats: list, variants: list, arg
     [ms] = time_ms([lambda w: x @ w.T], torch_copies, args.repeats)
     print(row("torch-f32", m, rows, cols, ms, w32.numel() * 4, bw))
     for name, fmt, group, symmetric in formats:
-        weights = copies_of(make_weight(w32, fmt, group, symmetric), footprint)
-        fns = [lambda w, o=o: o.linear(x, w) for _, o in variants]
-        for (tag, _), ms in zip(variants, time_ms(fns, weights, args.repeats)):
-            print(row(name + tag, m, rows, cols, ms, weights[0].nbytes(), bw))
-        del weights
+        layouts = [("", False), ("-tiled", True)] if fmt.quantized else [("", False)]
+        for suffix, tiled in layouts:
+            w = make_weight(w32, fmt, group, symmetric)
+            weights = copies_of(kernel_layout(w) if tiled else w, footprint)
+            fns = [lambda w, o=o: o.linear(x, w, exact=args.exact) for _, o in variants]
+            for (tag, _), ms in zip(variants, time_ms(fns, weights, args.repeats)):
+                print(row(name + suffix + tag, m, rows, cols, ms, weights[0].nbytes(), bw))
+            del weights
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ def read_format_file(directory: Path) -> dict:
 
 
 def matrix_entry(m: QMatrix) -> dict:
+    if m.tiled:
+        raise WeightsError("a tiled matrix is an in-memory layout: untile it before writing")
     return {"format": m.format.name, "rows": m.rows, "cols": m.cols, "group": m.group}
 
 

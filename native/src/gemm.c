@@ -53,13 +53,14 @@ static void dequantize_row(float *dst, const kt_matrix *w, int64_t r)
     }
     const int64_t group = w->group, n_groups = cols / group;
     const int i4 = w->format == KT_I4, asym = w->min != NULL;
-    const uint8_t *codes = (const uint8_t *)w->data + r * (i4 ? cols / 2 : cols);
+    const uint8_t *codes = kt_row_start(w, r);
+    const int64_t stride = kt_chunk_stride(w);
     const float *scale = w->scale + r * n_groups, *mins = asym ? w->min + r * n_groups : NULL;
     const int step = i4 ? 32 : 16;
     for (int64_t g = 0; g < n_groups; g++) {
         vf s = vf_set1(scale[g]), z = asym ? vf_set1(mins[g]) : vf_zero();
         for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += step) {
-            const uint8_t *block = codes + (i4 ? k0 / 2 : k0);
+            const uint8_t *block = kt_code_at(codes, stride, i4 ? k0 / 2 : k0);
             for (int j0 = 0; j0 < step; j0 += VF_N) {
                 vf c = i4 ? (asym ? dq_codes(block, j0, KT_I4, 0) : dq_codes(block, j0, KT_I4, 1))
                           : dq_codes(block, j0, KT_I8, 0);

@@ -45,22 +45,16 @@ int kt_matrix_check(const kt_matrix *w)
         return KT_EINVAL;
     if (w->cols > MAX_ELEMENTS / w->rows)
         return KT_EINVAL;
+    if (w->layout != KT_LAYOUT_ROWS && w->layout != KT_LAYOUT_TILES)
+        return KT_EINVAL;
     if (!quantized(w->format))
-        return KT_OK;
+        return w->layout == KT_LAYOUT_ROWS ? KT_OK : KT_EINVAL;
     int32_t block = w->format == KT_I4 ? 32 : 16;
     if (!w->scale || w->group < block || w->group % block != 0 || w->cols % w->group != 0)
         return KT_EINVAL;
+    if (w->layout == KT_LAYOUT_TILES && (w->rows % KT_TILE_ROWS != 0 || kt_row_bytes(w) % KT_TILE_CHUNK != 0))
+        return KT_EINVAL;
     return KT_OK;
-}
-
-static int64_t row_bytes(const kt_matrix *w)
-{
-    switch (w->format) {
-    case KT_F32: return w->cols * 4;
-    case KT_BF16: case KT_F16: return w->cols * 2;
-    case KT_I8: return w->cols;
-    default: return w->cols / 2;
-    }
 }
 
 /* ---- float formats -------------------------------------------------------------- */
@@ -78,7 +72,7 @@ static int64_t row_bytes(const kt_matrix *w)
 KT_INLINE void float_block(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t b0,
                            int64_t b1, const kt_acts *a, const int32_t fmt)
 {
-    int64_t rb = row_bytes(w);
+    int64_t rb = kt_row_bytes(w);
     for (int64_t t0 = 0; t0 < a->m; t0 += TOKEN_TILE) {
         int tt = a->m - t0 < TOKEN_TILE ? (int)(a->m - t0) : TOKEN_TILE;
         const float *x = a->f32 + t0 * w->cols;
@@ -131,9 +125,11 @@ static void float_block_f16(float *o, int64_t l, const kt_matrix *w, int64_t r0,
 KT_INLINE void int_block(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t b0,
                          int64_t b1, const kt_acts *a, const int32_t fmt, const int asym)
 {
-    const int rows = INT_ROWS(fmt), tokens = INT_TOKENS(fmt);
+    const int tokens = INT_TOKENS(fmt);
     for (int64_t t0 = 0; t0 < a->m; t0 += tokens) {
         int tt = a->m - t0 < tokens ? (int)(a->m - t0) : tokens;
+        /* one token: 4 rows, a whole row tile of the tiled layout (kt.h) */
+        const int rows = tt == 1 ? 4 : INT_ROWS(fmt);
         int64_t r = b0;
         for (; r + rows <= b1; r += rows) {
             float *o = out + t0 * ldo + (r - r0);
@@ -222,7 +218,7 @@ static void rows_by_blocks(float *out, int64_t ldo, const kt_matrix *w, int64_t 
                            int64_t r1, const kt_acts *acts)
 {
     block_fn block = pick_block(w, acts);
-    int64_t rows_per_block = BLOCK_BYTES / row_bytes(w);
+    int64_t rows_per_block = BLOCK_BYTES / kt_row_bytes(w);
     rows_per_block = rows_per_block < 4 ? 4 : rows_per_block & ~(int64_t)3;
     for (int64_t b0 = from; b0 < r1; b0 += rows_per_block) {
         int64_t b1 = r1 - b0 < rows_per_block ? r1 : b0 + rows_per_block;
@@ -281,7 +277,7 @@ static void linear_task(void *ctx, int64_t task, int thread)
 static int64_t rows_per_task(const kt_matrix *w, int64_t m, int threads)
 {
     int64_t balanced = (w->rows + (int64_t)TASKS_PER_THREAD * threads - 1) / ((int64_t)TASKS_PER_THREAD * threads);
-    int64_t work = row_bytes(w) * m;
+    int64_t work = kt_row_bytes(w) * m;
     int64_t least = (MIN_TASK_BYTES + work - 1) / work;
     int64_t rows = balanced > least ? balanced : least;
     return (rows + 11) / 12 * 12;

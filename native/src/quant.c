@@ -189,7 +189,7 @@ int kt_quantize_matrix_f32(kt_pool *pool, const kt_matrix *dst, const float *w)
 {
     if (!w || kt_matrix_check(dst) != KT_OK)
         return KT_EINVAL;
-    if (dst->format != KT_I8 && dst->format != KT_I4)
+    if ((dst->format != KT_I8 && dst->format != KT_I4) || dst->layout != KT_LAYOUT_ROWS)
         return KT_EINVAL;
     struct quant_job job = {dst, w};
     if (pool) {

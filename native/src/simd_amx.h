@@ -89,12 +89,27 @@ static void amx_bf16_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r
     amx_store_f32(out + tb * 16 * ldo, ldo, (const float (*)[16])c, left < 16 ? (int)left : 16);
 }
 
+/* Tile 1 = columns [32 b, 32 b + 32) of the 16 I8 rows from `row`: loaded in
+ * place from the rows layout (row stride cols); the tiled layout (kt.h) has no
+ * single stride across 16 rows, so those 16 x 32 bytes are gathered first. */
+static inline void load_i8_rows_tile(const kt_matrix *w, int64_t row, int64_t b)
+{
+    if (w->layout != KT_LAYOUT_TILES) {
+        _tile_loadd(1, (const int8_t *)w->data + row * w->cols + b * 32, w->cols);
+        return;
+    }
+    int8_t rows[AMX_ROWS][32] __attribute__((aligned(64)));
+    int64_t stride = kt_chunk_stride(w);
+    for (int i = 0; i < AMX_ROWS; i++)
+        memcpy(rows[i], kt_code_at(kt_row_start(w, row + i), stride, b * 32), 32);
+    _tile_loadd(1, rows, 32);
+}
+
 /* I8 (group % 32 == 0): 16 rows starting at `row` against token block tb. */
 static void amx_i8_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t row,
                         const kt_acts *a, int64_t tb)
 {
     int64_t cols = w->cols, nb = cols / 32, n_groups = cols / w->group;
-    const int8_t *wrow = (const int8_t *)w->data + row * cols;
     const int8_t *panel = a->amx_q + tb * nb * 512;
     const float *sa = a->amx_scale + tb * nb * 16;
     const float *gsum = a->amx_gsum + tb * n_groups * 16;
@@ -105,7 +120,7 @@ static void amx_i8_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t row
     for (int64_t b = 0; b < nb; b++) {
         int64_t g = b * 32 / w->group;
         _tile_zero(0);
-        _tile_loadd(1, wrow + b * 32, cols);
+        load_i8_rows_tile(w, row, b);
         _tile_loadd(2, panel + b * 512, 64);
         _tile_dpbssd(0, 1, 2);
         _tile_stored(0, c, 64);

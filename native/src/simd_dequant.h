@@ -75,13 +75,14 @@ KT_INLINE void dq_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r, c
                        const float *x, const int TT, const int32_t fmt, const int asym)
 {
     const int64_t cols = w->cols, group = w->group, n_groups = cols / group;
-    const int64_t row_bytes = fmt == KT_I4 ? cols / 2 : cols;
     const int minus8 = fmt == KT_I4 && !asym;
     const int STEP = fmt == KT_I4 ? 32 : 16;
+    const int64_t stride = kt_chunk_stride(w);
+    const int64_t ahead = w->layout == KT_LAYOUT_TILES ? KT_PREFETCH_CHUNKS * stride : RT * kt_row_bytes(w);
     const uint8_t *codes[4];
     const float *scale[4], *mins[4];
     for (int i = 0; i < RT; i++) {
-        codes[i] = (const uint8_t *)w->data + (r + i) * row_bytes;
+        codes[i] = kt_row_start(w, r + i);
         scale[i] = w->scale + (r + i) * n_groups;
         mins[i] = asym ? w->min + (r + i) * n_groups : NULL;
     }
@@ -98,12 +99,13 @@ KT_INLINE void dq_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r, c
         for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += STEP) {
             /* one code block (I4: 32 columns in 16 bytes; I8: 16 columns), its
              * chunks unrolled so every offset is a constant */
-            if ((k0 & 127) == 0)         /* the next tile's rows, as simd_int.h */
+            const int64_t off = fmt == KT_I4 ? k0 / 2 : k0;
+            if ((off & 63) == 0)          /* prefetch as simd_int.h's prefetch_ahead */
                 for (int i = 0; i < RT; i++)
-                    __builtin_prefetch(codes[i] + (fmt == KT_I4 ? k0 / 2 : k0) + RT * row_bytes);
+                    __builtin_prefetch(kt_code_at(codes[i], stride, off) + ahead);
             for (int j0 = 0; j0 < STEP; j0 += VF_N) {
                 for (int i = 0; i < RT; i++) {
-                    vf c = dq_codes(codes[i] + (fmt == KT_I4 ? k0 / 2 : k0), j0, fmt, minus8);
+                    vf c = dq_codes(kt_code_at(codes[i], stride, off), j0, fmt, minus8);
                     vf wv = vf_fma(c, s[i], z[i]);
                     for (int t = 0; t < TT; t++)
                         acc[i][t] = vf_fma(wv, vf_load(x + t * cols + k0 + j0), acc[i][t]);

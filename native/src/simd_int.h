@@ -42,21 +42,29 @@
 
 /* What one tile reads: RT weight rows (codes, scales, mins) and TT tokens. */
 typedef struct int_rows {
-    int64_t next_tile;        /* bytes from a row's codes to the same row of the next tile */
+    int64_t chunk_stride;     /* kt_chunk_stride: byte b of row i at row_at(w, i, b) */
+    int64_t ahead;            /* prefetch distance from row_at, in bytes */
     const uint8_t *codes[4];
     const float *scale[4];
     const float *min[4];
 } int_rows;
 
-/* Decode streams each weight row once, RT rows side by side: 2-4 KB runs that
- * the hardware prefetchers barely ramp up on. So while a tile reads byte `off`
- * of its rows, the line at the same offset of the next tile's rows (contiguous
- * after them) is requested. Measured on a 2-core Zen 3 guest, I4 decode from
- * DRAM: +20-40% per thread. Call once per 64 bytes of a row. */
-KT_INLINE void prefetch_next_tile(const int_rows *w, const int RT, int64_t off)
+KT_INLINE const uint8_t *row_at(const int_rows *w, int i, int64_t off)
+{
+    return kt_code_at(w->codes[i], w->chunk_stride, off);
+}
+
+/* Decode streams each weight row once, RT rows side by side. Row layout: runs
+ * of 2-4 KB per row that the hardware prefetchers barely ramp up on, so while a
+ * tile reads byte `off` of its rows, the same bytes of the next tile's rows
+ * (contiguous after them) are requested (+20-40% per thread, I4 from DRAM on a
+ * 2-core Zen 3 guest). Tiled layout (kt.h): the tile is one sequential run; its
+ * lines KT_PREFETCH_CHUNKS (kt_internal.h) chunks ahead are requested. Call once per 64 bytes
+ * of a row. */
+KT_INLINE void prefetch_ahead(const int_rows *w, const int RT, int64_t off)
 {
     for (int i = 0; i < RT; i++)
-        __builtin_prefetch(w->codes[i] + off + w->next_tile);
+        __builtin_prefetch(row_at(w, i, off) + w->ahead);
 }
 
 #if defined(__AVX2__)
@@ -146,9 +154,9 @@ KT_INLINE int64_t i4_steps_64(__m256 acc[4][4], const int_rows *w, const int RT,
         __m256i lo[4], hi[4];
         __m256 ws[4];
         if ((k0 & 127) == 0)
-            prefetch_next_tile(w, RT, k0 / 2);
+            prefetch_ahead(w, RT, k0 / 2);
         for (int i = 0; i < RT; i++) {
-            __m256i c = _mm256_loadu_si256((const __m256i *)(w->codes[i] + k0 / 2));
+            __m256i c = _mm256_loadu_si256((const __m256i *)row_at(w, i, k0 / 2));
             lo[i] = _mm256_and_si256(c, low4);
             hi[i] = _mm256_and_si256(_mm256_srli_epi16(c, 4), low4);
             ws[i] = scales_64_256(w->scale[i], k0, group, kind);
@@ -187,9 +195,9 @@ KT_INLINE void i8_groups(__m256 acc[4][4], const int_rows *w, const int RT, cons
         for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += 32) {
             __m256i wv[4], u[4];
             if ((k0 & 63) == 0)
-                prefetch_next_tile(w, RT, k0);
+                prefetch_ahead(w, RT, k0);
             for (int i = 0; i < RT; i++) {
-                wv[i] = _mm256_loadu_si256((const __m256i *)(w->codes[i] + k0));
+                wv[i] = _mm256_loadu_si256((const __m256i *)row_at(w, i, k0));
                 u[i] = _mm256_sign_epi8(wv[i], wv[i]);
             }
             for (int t = 0; t < TT; t++) {
@@ -239,9 +247,9 @@ KT_INLINE void int_tile_256(float dots[4][4], const int_rows *w, const int RT, c
         __m256 ws[4];
         for (int i = 0; i < RT; i++) {
             if (fmt == KT_I4) {
-                u[i] = unpack_i4_32(w->codes[i] + k0 / 2);
+                u[i] = unpack_i4_32(row_at(w, i, k0 / 2));
             } else {
-                wv[i] = load_block_i8((const int8_t *)w->codes[i] + k0, half);
+                wv[i] = load_block_i8((const int8_t *)row_at(w, i, k0), half);
                 u[i] = _mm256_sign_epi8(wv[i], wv[i]);
             }
             ws[i] = block_scales_256(w->scale[i], k0, group, half);
@@ -312,12 +320,12 @@ KT_INLINE void int_steps_512(float dots[4][4], const int_rows *w, const int RT, 
         __m512 ws[4];
         __mmask64 negative[4] = {0, 0, 0, 0};
         if (fmt == KT_I8 || (k0 & 127) == 0)
-            prefetch_next_tile(w, RT, fmt == KT_I4 ? k0 / 2 : k0);
+            prefetch_ahead(w, RT, fmt == KT_I4 ? k0 / 2 : k0);
         for (int i = 0; i < RT; i++) {
             if (fmt == KT_I4) {
-                u[i] = unpack_i4_64(w->codes[i] + k0 / 2);
+                u[i] = unpack_i4_64(row_at(w, i, k0 / 2));
             } else {
-                __m512i wv = _mm512_loadu_si512((const int8_t *)w->codes[i] + k0);
+                __m512i wv = _mm512_loadu_si512(row_at(w, i, k0));
                 u[i] = _mm512_abs_epi8(wv);
                 negative[i] = _mm512_movepi8_mask(wv);
             }
@@ -352,12 +360,12 @@ KT_INLINE void int_tile_512(float dots[4][4], const int_rows *w, const int RT, c
 
 #else /* portable */
 
-KT_INLINE int code_at(const uint8_t *row, int64_t k, int32_t fmt)
+KT_INLINE int code_at(const int_rows *w, int i, int64_t k, int32_t fmt)
 {
     if (fmt == KT_I8)
-        return ((const int8_t *)row)[k];
+        return *(const int8_t *)row_at(w, i, k);
     /* 32-weight block: byte j holds q[j] (low nibble) and q[j+16] (high nibble) */
-    uint8_t byte = row[(k / 32) * 16 + (k % 16)];
+    uint8_t byte = *row_at(w, i, (k / 32) * 16 + (k % 16));
     return (k % 32) < 16 ? (byte & 0x0F) : (byte >> 4);
 }
 
@@ -386,7 +394,7 @@ KT_INLINE void int_tile_portable(float dots[4][4], const int_rows *w, const int 
             for (int t = 0; t < TT; t++) {
                 int32_t s = 0;
                 for (int64_t k = k0; k < k0 + 16; k++)
-                    s += code_at(w->codes[i], k, fmt) * q[t * cols + act_at(k, cols, fmt)];
+                    s += code_at(w, i, k, fmt) * q[t * cols + act_at(k, cols, fmt)];
                 dots[i][t] += (float)s * (sa[t * nb + k0 / 32] * w->scale[i][k0 / group]);
             }
         }
@@ -417,11 +425,11 @@ KT_INLINE void int_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r, 
                         const kt_acts *a, int64_t t0, const int TT, const int32_t fmt, const int asym)
 {
     int64_t cols = w->cols, group = w->group, n_groups = cols / group;
-    int64_t row_bytes = fmt == KT_I4 ? cols / 2 : cols;
     int_rows rows;
-    rows.next_tile = RT * row_bytes;
+    rows.chunk_stride = kt_chunk_stride(w);
+    rows.ahead = w->layout == KT_LAYOUT_TILES ? KT_PREFETCH_CHUNKS * rows.chunk_stride : RT * kt_row_bytes(w);
     for (int i = 0; i < RT; i++) {
-        rows.codes[i] = (const uint8_t *)w->data + (r + i) * row_bytes;
+        rows.codes[i] = kt_row_start(w, r + i);
         rows.scale[i] = w->scale + (r + i) * n_groups;
         rows.min[i] = asym ? w->min + (r + i) * n_groups : NULL;
     }

@@ -165,6 +165,19 @@ def test_matches_reference(variant, name, T):
     assert_close(out, name, variant.name, x, ids, weights)
 
 
+@pytest.mark.parametrize("T", [1, 37])
+@pytest.mark.parametrize("name", ["i8_channel", "i8_g32_asym", "i4_g32_sym", "i4_g128_asym"])
+def test_row_layout_matches_reference(variant, name, T):
+    """MoEExperts tiles I8/I4 experts by default (kt.h KT_LAYOUT_TILES); tiled=False keeps
+    the row layout, which the kernels must compute as well."""
+    tiled, rows = layer(name, variant.ops), layer(name, variant.ops, tiled=False)
+    assert all(m.tiled for mats in tiled.weights for m in mats)
+    assert not any(m.tiled for mats in rows.weights for m in mats)
+    x = tokens(T)
+    ids, weights = routing(T, seed=T)
+    assert_close(rows.forward(x, ids, weights), name, variant.name, x, ids, weights)
+
+
 @pytest.mark.parametrize("name", SOME_FORMATS)
 def test_all_tokens_on_one_expert(variant, name):
     T = 130
