@@ -163,7 +163,8 @@ class MoEBlock(torch.nn.Module):
         self.router, self.shared = router, shared
         self.num_experts = len(experts[0])
         self.cpu = cpu_experts(experts, act)
-        self.device_experts = DeviceExperts(experts, target, act)
+        # the CPU operator's (tiled) matrices: keeping the loaded ones too would hold the experts twice
+        self.device_experts = DeviceExperts(self.cpu.weights, target, act)
         self.on_device = torch.zeros(self.num_experts, dtype=torch.bool)
         self.usage, self.times = ExpertUsage(self.num_experts), MoETimes()
         self.replacer = None        # optional hook: replacer.before_dispatch(block, ids [T, K] cpu)
