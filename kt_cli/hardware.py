@@ -187,3 +187,21 @@ def free_disk_bytes(path: Path) -> int:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     return shutil.disk_usage(probe).free
+
+
+def release_freed_memory() -> None:
+    """Hands memory freed during model loading back to the OS (glibc's malloc_trim).
+    Loading frees large temporaries (GGUF repacks, row-layout codes once tiled) that
+    glibc keeps in its heap once its mmap threshold has grown: 0.4 GB of a 3 GB
+    Q4_0 model. A no-op where glibc is absent."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        trim = getattr(libc, "malloc_trim", None)
+    except OSError:
+        trim = None
+    if trim is not None:
+        trim(0)

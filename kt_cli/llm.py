@@ -106,6 +106,7 @@ class LLM:
         _set_threads(opts)
         self.checkpoint = open_checkpoint(model)
         built = build_model(self.checkpoint, ModelOptions(device=opts.device, dtype=opts.dtype))
+        hardware.release_freed_memory()
         self._start(built, self.checkpoint.tokenizer(), opts)
 
     @classmethod

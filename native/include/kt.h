@@ -89,6 +89,11 @@ typedef struct kt_matrix {
 enum kt_layout { KT_LAYOUT_ROWS = 0, KT_LAYOUT_TILES = 1 };
 enum kt_tile { KT_TILE_ROWS = 4, KT_TILE_CHUNK = 64 };
 
+/* dst = the codes src (rows x row_bytes, row layout) in the tiled layout; the
+ * buffers must not overlap. KT_EINVAL unless rows % 4 == 0 and row_bytes % 64 == 0.
+ * Runs on the pool's threads when pool is not NULL. */
+int kt_tile_codes(kt_pool *pool, void *dst, const void *src, int64_t rows, int64_t row_bytes);
+
 /* ---- activation quantization ----------------------------------------------------
  * Per-row symmetric INT8: x[r, :] ~= scale[r] * q[r, :], q in -127..127.
  * (A utility: the I8/I4 linear and MoE kernels quantize activations themselves,

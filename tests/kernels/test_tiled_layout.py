@@ -54,6 +54,23 @@ def test_linear_on_tiled_weights(ops, fmt, rows, cols, group, symmetric, m):
     assert rel_err(ops.linear(x, t, exact=True), x, w.dequantize()) < QUANT_EXACT_BOUND
 
 
+@pytest.mark.parametrize("fmt, rows, cols, group", TILE_CASES + [(Format.I4, 4 * 300, 2048, 128)])
+def test_native_tiling_equals_the_reference(ops, fmt, rows, cols, group):
+    """kernel_layout tiles with the native kt_tile_codes (several pool tasks for the last case)."""
+    w = quantize_reference(_randn(rows, cols, seed=rows + 1), fmt, group)
+    t = kernel_layout(w, ops.pool)
+    assert t.tiled and torch.equal(t.data, tile_rows(w).data)
+
+
+def test_native_tiling_refuses_bad_shapes(ops):
+    ffi, lib = ops.kernels.ffi, ops.kernels.lib
+    buf = torch.zeros(8, 128, dtype=torch.uint8)
+    ptr = ffi.cast("void *", buf.data_ptr())
+    for rows, row_bytes in [(6, 128), (8, 96), (0, 128), (8, 0)]:
+        assert lib.kt_tile_codes(ops.pool.handle, ptr, ptr, rows, row_bytes) == lib.KT_EINVAL
+    assert lib.kt_tile_codes(ops.pool.handle, ffi.NULL, ptr, 8, 128) == lib.KT_EINVAL
+
+
 def test_kernel_layout_tiles_only_what_can_be_tiled():
     i4 = quantize_reference(_randn(8, 128, seed=1), Format.I4, 32)
     assert kernel_layout(i4).tiled
