@@ -6,7 +6,10 @@
  *     w + 1; with n == 1 the caller runs every task alone.
  *   - kt_pool_run_async: only the workers run, worker w being thread w; so with
  *     n == 1 the single worker computes while the caller goes on, and with n > 1
- *     the caller's core stays free for other work (the GPU side, Python).
+ *     the caller's core stays free for other work (the GPU side, Python). When
+ *     the caller then waits (kt_pool_wait) with n > 1, it joins the job as
+ *     thread n - 1 for the tasks left: with nothing to overlap (CPU-only decode
+ *     of a layer without shared experts) the job still gets every core.
  *
  * Task hand-out
  *   One 64-bit atomic `ticket` = (job sequence << 40) | next task index. A thread
@@ -319,10 +322,27 @@ int kt_pool_run_async(kt_pool *pool, kt_task_fn fn, void *ctx, int64_t n_tasks)
     return KT_OK;
 }
 
+/* The caller of kt_pool_wait runs what is left of the async job as thread
+ * n - 1 (the workers are threads 0 .. n - 2 in async jobs). The job is read
+ * under mu; claim_task checks its sequence, so a later job is never touched. */
+static void join_async_job(kt_pool *pool)
+{
+    pthread_mutex_lock(&pool->mu);
+    int join = pool->n_threads > 1 && pool->async && !pool->done;
+    uint64_t seq = atomic_load_explicit(&pool->ticket, memory_order_acquire) >> SEQ_SHIFT;
+    kt_task_fn fn = pool->fn;
+    void *ctx = pool->ctx;
+    int64_t n = pool->n_tasks;
+    pthread_mutex_unlock(&pool->mu);
+    if (join)
+        run_tasks(pool, seq, fn, ctx, n, pool->n_threads - 1);
+}
+
 int kt_pool_wait(kt_pool *pool)
 {
     if (!pool)
         return KT_EINVAL;
+    join_async_job(pool);
     wait_done(pool);
     pthread_mutex_lock(&pool->mu);
     pool->async_pending = 0;

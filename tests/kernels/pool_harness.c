@@ -13,6 +13,7 @@
 struct counts {
     _Atomic int runs[MAX_TASKS];
     _Atomic int bad_thread;
+    _Atomic int last_thread_runs;   /* tasks run as thread n_threads - 1 */
     int n_threads;
     int sleep_us;
 };
@@ -26,6 +27,8 @@ static void count_task(void *ctx, int64_t task, int thread)
     }
     if (thread < 0 || thread >= c->n_threads)
         atomic_fetch_add(&c->bad_thread, 1);
+    if (thread == c->n_threads - 1)
+        atomic_fetch_add(&c->last_thread_runs, 1);
     atomic_fetch_add(&c->runs[task], 1);
 }
 
@@ -48,6 +51,7 @@ static void reset(struct counts *c, int n_threads, int sleep_us)
     for (int t = 0; t < MAX_TASKS; t++)
         atomic_store(&c->runs[t], 0);
     atomic_store(&c->bad_thread, 0);
+    atomic_store(&c->last_thread_runs, 0);
     c->n_threads = n_threads;
     c->sleep_us = sleep_us;
 }
@@ -91,6 +95,8 @@ static void check_async(kt_pool *pool, int threads, struct counts *c)
         printf("FAIL %s: all tasks had finished before submit returned\n", name);
     else if (!busy)
         printf("FAIL %s: second submit was not refused with KT_EBUSY\n", name);
+    else if (threads > 1 && atomic_load(&c->last_thread_runs) == 0)   /* 16 ms of work left to share */
+        printf("FAIL %s: the waiting caller (thread %d) ran none of the tasks\n", name, threads - 1);
     else if (waited && each_once(c, 8, name))
         printf("ok %s\n", name);
     reset(c, threads, 0);                    /* a sync job right after an async one */
