@@ -65,6 +65,16 @@ class ForwardBatch:
         slots = (blocks[:, None] * bs + torch.arange(bs)).reshape(-1)
         return slots[: self.context_lens[i]]
 
+    def seq_slot_range(self, i: int) -> slice | None:
+        """seq_slots(i) as one range of slots when the sequence's blocks are consecutive
+        (a fresh cache hands them out in order), else None."""
+        bs, length = self.kv.block_size, self.context_lens[i]
+        table = self.block_tables[i][: -(-length // bs)]
+        first = table[0]
+        if table != list(range(first, first + len(table))):
+            return None
+        return slice(first * bs, first * bs + length)
+
 
 def _prod(shape: tuple[int, ...]) -> int:
     out = 1

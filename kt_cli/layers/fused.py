@@ -62,3 +62,9 @@ class FusedLinear(torch.nn.Module):
         if self.fused:
             return self.linears[0].forward(x).split(self.sizes, dim=-1)
         return tuple(linear.forward(x) for linear in self.linears)
+
+    def forward_joined(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., cols] -> the parts' outputs side by side [..., sum(rows_i)]"""
+        if self.fused:
+            return self.linears[0].forward(x)
+        return torch.cat([linear.forward(x) for linear in self.linears], dim=-1)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.forward_batch import KVSpec
-from .attention import AttentionContext, SeqView, attend, write_cache
+from .attention import AttentionContext, SeqView, attend, read_cache, write_cache
 from .linear import Linear
 from .norm import RMSNorm
 from .rope import Rotary
@@ -68,12 +68,12 @@ class MLAttention(torch.nn.Module):
         q_nope, q_pe = self._queries(h, ctx)
         latent = self.kv_a_proj(h)
         c = self.kv_a_norm(latent[:, :d.kv_lora_rank])
-        k_pe = self.rotary.apply(latent[:, None, d.kv_lora_rank:], ctx.cos, ctx.sin)[:, 0]
+        k_pe = self.rotary.apply(latent[:, None, d.kv_lora_rank:], ctx.rope)[:, 0]
         cache = ctx.kv.layers[self.layer][0]
         write_cache(cache, ctx.slot_mapping, torch.cat((c, k_pe), dim=-1))
         out = h.new_empty(h.shape[0], d.num_heads, d.v_dim)
         for seq in ctx.seqs:
-            rows = cache[seq.slots].to(h.dtype)
+            rows = read_cache(cache, seq.slots, h.dtype)
             attend_seq = self._absorbed if d.absorbed_is_cheaper(seq.rows.stop - seq.rows.start) else self._expanded
             out[seq.rows] = attend_seq(q_nope[seq.rows], q_pe[seq.rows], rows, seq)
         return self.o_proj(out.reshape(h.shape[0], d.num_heads * d.v_dim))
@@ -83,7 +83,7 @@ class MLAttention(torch.nn.Module):
         d = self.dims
         q = self.q_proj(h) if self.q_proj is not None else self.q_b_proj(self.q_a_norm(self.q_a_proj(h)))
         q = q.view(h.shape[0], d.num_heads, d.nope_dim + d.rope_dim)
-        return q[..., :d.nope_dim], self.rotary.apply(q[..., d.nope_dim:], ctx.cos, ctx.sin)
+        return q[..., :d.nope_dim], self.rotary.apply(q[..., d.nope_dim:], ctx.rope)
 
     def _absorbed(self, q_nope, q_pe, rows, seq: SeqView) -> torch.Tensor:
         """rows [L, r + rope] cache rows -> [n, H, v]"""

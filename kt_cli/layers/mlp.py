@@ -2,6 +2,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ModelError
+from .fused import FusedLinear
 from .linear import Linear
 
 ACTIVATIONS = {"silu": F.silu}
@@ -14,12 +15,14 @@ def activation(name: str):
 
 
 class GatedMLP(torch.nn.Module):
-    """down(act(gate(x)) * up(x)): dense feed-forward and shared experts."""
+    """down(act(gate(x)) * up(x)): dense feed-forward and shared experts; gate and up
+    are one FusedLinear."""
 
-    def __init__(self, gate: Linear, up: Linear, down: Linear, act: str = "silu"):
+    def __init__(self, gate_up: FusedLinear, down: Linear, act: str = "silu"):
         super().__init__()
-        self.gate, self.up, self.down = gate, up, down
+        self.gate_up, self.down = gate_up, down
         self.act = activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.act(self.gate(x)) * self.up(x))
+        gate, up = self.gate_up.forward(x)
+        return self.down.forward(self.act(gate) * up)

@@ -109,6 +109,16 @@ def softmax_scale_factor(spec: RopeSpec) -> float:
     return yarn_mscale(spec.factor, spec.mscale_all_dim) ** 2
 
 
+@dataclass(frozen=True)
+class RopeTables:
+    """The factors that rotate one step's tokens: rotated x = x * cos + partner(x) * sin,
+    where partner(x) swaps the two members of each pair and sin carries the pair's
+    sign (-sin on the member that pairs forward). Products and sums are the same
+    float operations as the textbook (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    cos: torch.Tensor   # [N, 1, dim]
+    sin: torch.Tensor   # [N, 1, dim]
+
+
 class Rotary(torch.nn.Module):
     def __init__(self, spec: RopeSpec, device: torch.device):
         super().__init__()
@@ -121,13 +131,20 @@ class Rotary(torch.nn.Module):
         angles = positions.to(self.inv_freq.device, torch.float32)[:, None] * self.inv_freq
         return angles.cos() * self.scaling, angles.sin() * self.scaling
 
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [N, heads, dim] -> rotated x, same layout and dtype."""
-        cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
+        """positions [N] -> the step's RopeTables in the compute dtype."""
+        cos, sin = (t.to(dtype) for t in self.cos_sin(positions))
         if self.spec.interleaved:
-            even, odd = x[..., 0::2], x[..., 1::2]
-            rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1)
-            return rotated.flatten(-2)
-        half = x.shape[-1] // 2
-        first, second = x[..., :half], x[..., half:]
-        return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+            full_cos = cos.repeat_interleave(2, dim=-1)
+            signed_sin = torch.stack((-sin, sin), dim=-1).flatten(-2)
+        else:
+            full_cos, signed_sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+        return RopeTables(full_cos[:, None, :], signed_sin[:, None, :])
+
+    def apply(self, x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
+        """x [N, heads, dim] -> rotated x, same layout and dtype."""
+        if self.spec.interleaved:
+            partner = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        else:
+            partner = x.roll(x.shape[-1] // 2, dims=-1)
+        return x * tables.cos + partner * tables.sin

@@ -16,10 +16,10 @@ def prefix(layer: int) -> str:
 def gqa_attention(model: CausalLM, w: Weights, layer: int, qkv_bias: bool, o_bias: bool,
                   qk_norm: bool = False) -> GQAAttention:
     c, p = model.config, f"{prefix(layer)}.self_attn"
-    proj = {k: w.linear(f"{p}.{k}_proj", qkv_bias) for k in ("q", "k", "v")}
-    proj["o"] = w.linear(f"{p}.o_proj", o_bias)
+    qkv = w.fused([f"{p}.{k}_proj" for k in ("q", "k", "v")], qkv_bias)
     norms = (w.norm(f"{p}.q_norm", c.rms_norm_eps), w.norm(f"{p}.k_norm", c.rms_norm_eps)) if qk_norm else None
-    return GQAAttention(layer, c.num_heads, c.num_kv_heads, c.head_dim, proj, model.rotary, norms)
+    return GQAAttention(layer, c.num_heads, c.num_kv_heads, c.head_dim, qkv, w.linear(f"{p}.o_proj", o_bias),
+                        model.rotary, norms)
 
 
 def softmax_moe(model: CausalLM, w: Weights, layer: int, router: str,

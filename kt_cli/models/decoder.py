@@ -23,8 +23,8 @@ class DecoderLayer(torch.nn.Module):
         self.attn, self.mlp, self.input_norm, self.post_norm = attn, mlp, input_norm, post_norm
 
     def forward(self, h: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        h = h + self.attn(self.input_norm(h), ctx)
-        return h + self.mlp(self.post_norm(h))
+        h = h + self.attn.forward(self.input_norm.forward(h), ctx)
+        return h + self.mlp.forward(self.post_norm.forward(h))
 
 
 class CausalLM(torch.nn.Module):
@@ -62,12 +62,13 @@ class CausalLM(torch.nn.Module):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """-> logits [R, vocab] float32 for batch.logits_rows"""
         self._check(batch)
-        ctx = AttentionContext.build(batch, self.rotary)
-        h = self.embed(batch.input_ids)
+        ctx = AttentionContext.build(batch, self.rotary, self.options.dtype)
+        h = self.embed.forward(batch.input_ids)
         for layer in self.layers:
-            h = layer(h, ctx)
-        h = self.norm(h[batch.logits_rows.to(h.device)])
-        return self.lm_head(h).to(torch.float32)
+            h = layer.forward(h, ctx)
+        h = self.norm.forward(h[batch.logits_rows.to(h.device)])
+        logits = self.lm_head.forward(h)
+        return logits if logits.dtype == torch.float32 else logits.float()
 
     def _layer(self, w: Weights, i: int) -> DecoderLayer:
         eps, prefix = self.config.rms_norm_eps, f"model.layers.{i}"

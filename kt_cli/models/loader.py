@@ -5,6 +5,7 @@ import torch
 from kt_weights.layout import QMatrix
 
 from ..errors import ModelError
+from ..layers.fused import FusedLinear
 from ..layers.linear import Linear, Target
 from ..layers.mlp import GatedMLP
 from ..layers.moe import ExpertWeights
@@ -37,6 +38,11 @@ class Weights:
         b = self.tensor(f"{name}.bias") if bias else None
         return Linear(self.matrix(f"{name}.weight"), b, self.target)
 
+    def fused(self, names: list[str], bias: bool = False) -> FusedLinear:
+        """Linears over the same input as one kernel call (kt_cli.layers.fused)."""
+        biases = [self.tensor(f"{name}.bias") if bias else None for name in names]
+        return FusedLinear([self.matrix(f"{name}.weight") for name in names], biases, self.target)
+
     def dense(self, name: str) -> torch.Tensor:
         """A weight as a plain tensor in the compute dtype on the device."""
         return self.target.put(self.tensor(name))
@@ -49,8 +55,8 @@ class Weights:
         return RMSNorm(self.dense(f"{name}.weight"), eps)
 
     def mlp(self, prefix: str, act: str, bias: bool = False) -> GatedMLP:
-        gate, up, down = (self.linear(f"{prefix}.{p}_proj", bias) for p in EXPERT_PROJS)
-        return GatedMLP(gate, up, down, act)
+        gate_up = self.fused([f"{prefix}.gate_proj", f"{prefix}.up_proj"], bias)
+        return GatedMLP(gate_up, self.linear(f"{prefix}.down_proj", bias), act)
 
     def experts(self, layer: int) -> ExpertWeights:
         gate, up, down = (list(self.ckpt.experts(layer, p)) for p in EXPERT_PROJS)

@@ -52,7 +52,8 @@ def separate_outputs(weights, biases, x):
 
 
 @pytest.mark.parametrize("tokens", [1, 5, 70])     # 70: the GEMM path of prefill
-@pytest.mark.parametrize("fmt,symmetric", [(Format.I4, True), (Format.I4, False), (Format.I8, True), (Format.F32, True)])
+@pytest.mark.parametrize("fmt,symmetric", [(Format.I4, True), (Format.I4, False), (Format.I8, True),
+                                            (Format.F32, True)])
 def test_fused_linear_equals_separate_linears(fmt, symmetric, tokens):
     weights = [matrix(r, fmt, seed, symmetric) for seed, r in enumerate(ROWS)]
     biases = [torch.randn(ROWS[0]), None, torch.randn(ROWS[2])]
@@ -72,3 +73,11 @@ def test_unfusable_parts_run_separately():
     assert not fused.fused
     for got, want in zip(fused(x), separate_outputs(weights, [None, None], x), strict=True):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("formats", [(Format.I4, Format.I4, Format.I4), (Format.I4, Format.I8, Format.I4)])
+def test_joined_output_is_the_parts_side_by_side(formats):
+    weights = [matrix(r, fmt, seed) for seed, (r, fmt) in enumerate(zip(ROWS, formats))]
+    x = torch.randn(2, COLS)
+    fused = FusedLinear(weights, [None] * 3, CPU)
+    assert torch.equal(fused.forward_joined(x), torch.cat(separate_outputs(weights, [None] * 3, x), dim=-1))
