@@ -119,11 +119,16 @@ class ExpertUsage:
         self.routed = torch.zeros(num_experts, dtype=torch.int64)
         self.device_hits = 0
         self.assignments = 0
+        self._ones = torch.ones(0, dtype=torch.int64)
 
-    def count(self, ids: torch.Tensor, on: torch.Tensor) -> None:
-        self.routed += torch.bincount(ids.flatten(), minlength=self.routed.numel())
-        self.device_hits += int(on.sum())
-        self.assignments += on.numel()
+    def count(self, ids: torch.Tensor, on: torch.Tensor | None) -> None:
+        """ids [T, K] routed experts; on [T, K] True where the device served them (None: nowhere)"""
+        flat = ids.flatten()
+        if self._ones.numel() < flat.numel():
+            self._ones = torch.ones(flat.numel(), dtype=torch.int64)
+        self.routed.index_add_(0, flat, self._ones[:flat.numel()])
+        self.device_hits += 0 if on is None else int(on.sum())
+        self.assignments += flat.numel()
 
     def reset(self) -> None:
         self.routed.zero_()
@@ -131,23 +136,29 @@ class ExpertUsage:
 
 
 class _DeviceClock:
-    """Times the device work: CUDA events on a GPU (launches are asynchronous), wall time otherwise."""
+    """The instants of one forward: begun (router done), t0 (CPU experts submitted), t1 (device
+    work issued), finished (CPU experts done). The device work is timed with CUDA events on a
+    GPU (launches are asynchronous), in wall time otherwise."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if self.cuda else None
 
-    def start(self) -> float:
+    def begin(self) -> None:
+        self.begun = time.perf_counter()
+
+    def start(self) -> None:
         if self.cuda:
             self.events[0].record()
         self.t0 = time.perf_counter()
-        return self.t0
 
-    def stop(self) -> float:
+    def stop(self) -> None:
         if self.cuda:
             self.events[1].record()
         self.t1 = time.perf_counter()
-        return self.t1
+
+    def done(self) -> None:
+        self.finished = time.perf_counter()
 
     def seconds(self) -> float:
         if self.cuda:
@@ -167,6 +178,7 @@ class MoEBlock(torch.nn.Module):
         self.device_experts = DeviceExperts(self.cpu.weights, target, act)
         self.on_device = torch.zeros(self.num_experts, dtype=torch.bool)
         self.usage, self.times = ExpertUsage(self.num_experts), MoETimes()
+        self.clock = _DeviceClock(target.device)
         self.replacer = None        # optional hook: replacer.before_dispatch(block, ids [T, K] cpu)
         self.set_placement(_placement_mask(on_device, self.num_experts))
 
@@ -185,37 +197,45 @@ class MoEBlock(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, H]"""
-        weights, ids = self.router(x)                       # [T, K] f32, [T, K] int64
-        times, clock = MoETimes(calls=1), _DeviceClock(x.device)
-        t0 = time.perf_counter()
+        weights, ids = self.router.forward(x)               # [T, K] f32, [T, K] int64
+        self.clock.begin()
         ids = ids.cpu()
         if self.replacer is not None:
             self.replacer.before_dispatch(self, ids)
-        on = self.on_device[ids]                            # [T, K] bool
-        job = self.cpu.submit(x.to(torch.float32).cpu().contiguous(),
-                              ids.masked_fill(on, -1).to(torch.int32).contiguous(), weights.cpu().contiguous())
-        times.transfer_s = clock.start() - t0
-        out = self.shared(x) if self.shared is not None else torch.zeros_like(x)
-        if self.device_experts.resident:
-            out = out + self.device_experts(x, ids, on, weights)
-        t_wait = clock.stop()
+        on = self.on_device[ids] if self.device_experts.resident else None     # [T, K] bool
+        job = self.cpu.submit(_cpu_f32(x), (ids if on is None else ids.masked_fill(on, -1)).to(torch.int32),
+                              _cpu_f32(weights))
+        self.clock.start()
+        out = self.shared.forward(x) if self.shared is not None else None
+        if on is not None:
+            device = self.device_experts.forward(x, ids, on, weights)
+            out = device if out is None else out + device
+        self.clock.stop()
         routed = job.wait()
-        t_done = time.perf_counter()
-        out = out + routed.to(device=x.device, dtype=x.dtype)
-        self._account(times, clock, t_wait, t_done, cpu_work=not bool(on.all()))
+        self.clock.done()
+        if routed.device != x.device or routed.dtype != x.dtype:
+            routed = routed.to(device=x.device, dtype=x.dtype)
+        out = routed if out is None else out + routed
+        self._account(cpu_work=on is None or not bool(on.all()))
         self.usage.count(ids, on)
         return out
 
-    def _account(self, times: MoETimes, clock: _DeviceClock, t_wait: float, t_done: float,
-                 cpu_work: bool) -> None:
-        times.transfer_s += time.perf_counter() - t_done
-        times.cpu_wait_s = t_done - t_wait
-        times.device_s = clock.seconds()
-        if cpu_work and times.cpu_wait_s > BLOCKED_WAIT_S:
-            times.blocked = 1
-            times.cpu_s = t_done - clock.t0
-            times.overlap_s = min(times.device_s, times.cpu_s)
-        self.times.add(times)
+    def _account(self, cpu_work: bool) -> None:
+        clock, times = self.clock, self.times
+        times.calls += 1
+        times.transfer_s += (clock.t0 - clock.begun) + (time.perf_counter() - clock.finished)
+        times.cpu_wait_s += (wait_s := clock.finished - clock.t1)
+        times.device_s += (device_s := clock.seconds())
+        if cpu_work and wait_s > BLOCKED_WAIT_S:
+            times.blocked += 1
+            times.cpu_s += (cpu_s := clock.finished - clock.t0)
+            times.overlap_s += min(device_s, cpu_s)
+
+
+def _cpu_f32(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type != "cpu" or t.dtype != torch.float32:
+        t = t.to(device="cpu", dtype=torch.float32)
+    return t.contiguous()
 
 
 def _placement_mask(on_device, num_experts: int) -> torch.Tensor:
