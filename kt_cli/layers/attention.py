@@ -118,12 +118,12 @@ class GQAAttention(torch.nn.Module):
     def _attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 ctx: AttentionContext) -> torch.Tensor:
         """q [N, H, D] -> [N, H, D], each sequence over its own cached context"""
-        def one(seq: SeqView) -> torch.Tensor:
+        def one(seq: SeqView, q_seq: torch.Tensor) -> torch.Tensor:
             keys, values = read_cache(k_cache, seq.slots, q.dtype), read_cache(v_cache, seq.slots, q.dtype)
-            return attend(q[seq.rows], keys, values, seq.mask, self.scale)
+            return attend(q_seq, keys, values, seq.mask, self.scale)
         if len(ctx.seqs) == 1:
-            return one(ctx.seqs[0])
+            return one(ctx.seqs[0], q)
         out = q.new_empty(q.shape)
         for seq in ctx.seqs:
-            out[seq.rows] = one(seq)
+            out[seq.rows] = one(seq, q[seq.rows])
         return out

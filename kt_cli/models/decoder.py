@@ -66,7 +66,7 @@ class CausalLM(torch.nn.Module):
         h = self.embed.forward(batch.input_ids)
         for layer in self.layers:
             h = layer.forward(h, ctx)
-        h = self.norm.forward(h[batch.logits_rows.to(h.device)])
+        h = self.norm.forward(h.index_select(0, batch.logits_rows.to(h.device)))
         logits = self.lm_head.forward(h)
         return logits if logits.dtype == torch.float32 else logits.float()
 
