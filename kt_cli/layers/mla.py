@@ -19,6 +19,7 @@ import torch
 
 from ..engine.forward_batch import KVSpec
 from .attention import AttentionContext, SeqView, attend, read_cache, write_cache
+from .fused import FusedLinear
 from .linear import Linear
 from .norm import RMSNorm
 from .rope import Rotary
@@ -39,11 +40,9 @@ class MLADims:
 
 @dataclass
 class MLAWeights:
-    q_proj: Linear | None           # without q_lora_rank
-    q_a_proj: Linear | None         # with q_lora_rank
-    q_a_norm: RMSNorm | None
-    q_b_proj: Linear | None
-    kv_a_proj: Linear               # hidden -> r + rope_dim
+    q_kv_a: FusedLinear             # hidden -> (q_proj or q_a_proj rows, kv_a_proj's r + rope_dim rows)
+    q_a_norm: RMSNorm | None        # with q_lora_rank
+    q_b_proj: Linear | None         # with q_lora_rank
     kv_a_norm: RMSNorm
     kv_b: torch.Tensor              # [H * (nope + v), r] in the compute dtype
     o_proj: Linear
@@ -53,8 +52,8 @@ class MLAttention(torch.nn.Module):
     def __init__(self, layer: int, dims: MLADims, w: MLAWeights, rotary: Rotary, scale: float):
         super().__init__()
         self.layer, self.dims, self.rotary, self.scale = layer, dims, rotary, scale
-        self.q_proj, self.q_a_proj, self.q_a_norm, self.q_b_proj = w.q_proj, w.q_a_proj, w.q_a_norm, w.q_b_proj
-        self.kv_a_proj, self.kv_a_norm, self.o_proj = w.kv_a_proj, w.kv_a_norm, w.o_proj
+        self.q_kv_a, self.q_a_norm, self.q_b_proj = w.q_kv_a, w.q_a_norm, w.q_b_proj
+        self.kv_a_norm, self.o_proj = w.kv_a_norm, w.o_proj
         kv_b = w.kv_b.view(dims.num_heads, dims.nope_dim + dims.v_dim, dims.kv_lora_rank)
         self.w_uk = kv_b[:, :dims.nope_dim].contiguous()     # [H, nope, r]
         self.w_uv = kv_b[:, dims.nope_dim:].contiguous()     # [H, v, r]
@@ -65,9 +64,9 @@ class MLAttention(torch.nn.Module):
     def forward(self, h: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """h [N, hidden] -> [N, hidden]"""
         d = self.dims
-        q_nope, q_pe = self._queries(h, ctx)
-        latent = self.kv_a_proj(h)
-        c = self.kv_a_norm(latent[:, :d.kv_lora_rank])
+        q_in, latent = self.q_kv_a.forward(h)
+        q_nope, q_pe = self._queries(q_in, ctx)
+        c = self.kv_a_norm.forward(latent[:, :d.kv_lora_rank])
         k_pe = self.rotary.apply(latent[:, None, d.kv_lora_rank:], ctx.rope)[:, 0]
         cache = ctx.kv.layers[self.layer][0]
         write_cache(cache, ctx.slot_mapping, torch.cat((c, k_pe), dim=-1))
@@ -76,13 +75,13 @@ class MLAttention(torch.nn.Module):
             rows = read_cache(cache, seq.slots, h.dtype)
             attend_seq = self._absorbed if d.absorbed_is_cheaper(seq.rows.stop - seq.rows.start) else self._expanded
             out[seq.rows] = attend_seq(q_nope[seq.rows], q_pe[seq.rows], rows, seq)
-        return self.o_proj(out.reshape(h.shape[0], d.num_heads * d.v_dim))
+        return self.o_proj.forward(out.reshape(h.shape[0], d.num_heads * d.v_dim))
 
-    def _queries(self, h: torch.Tensor, ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> q_nope [N, H, nope], rotated q_pe [N, H, rope]"""
+    def _queries(self, q_in: torch.Tensor, ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """q_proj(h), or q_a_proj(h) with q_lora_rank -> q_nope [N, H, nope], rotated q_pe [N, H, rope]"""
         d = self.dims
-        q = self.q_proj(h) if self.q_proj is not None else self.q_b_proj(self.q_a_norm(self.q_a_proj(h)))
-        q = q.view(h.shape[0], d.num_heads, d.nope_dim + d.rope_dim)
+        q = q_in if self.q_b_proj is None else self.q_b_proj.forward(self.q_a_norm.forward(q_in))
+        q = q.view(q_in.shape[0], d.num_heads, d.nope_dim + d.rope_dim)
         return q[..., :d.nope_dim], self.rotary.apply(q[..., d.nope_dim:], ctx.rope)
 
     def _absorbed(self, q_nope, q_pe, rows, seq: SeqView) -> torch.Tensor:

@@ -46,12 +46,11 @@ class DeepseekV2ForCausalLM(CausalLM):
         c, p = self.config, f"{prefix(layer)}.self_attn"
         m, eps, bias = c.mla, c.rms_norm_eps, c.attention_bias
         lora = m.q_lora_rank is not None
+        q_in = (f"{p}.q_a_proj", bias) if lora else (f"{p}.q_proj", False)
         weights = MLAWeights(
-            q_proj=None if lora else w.linear(f"{p}.q_proj"),
-            q_a_proj=w.linear(f"{p}.q_a_proj", bias) if lora else None,
+            q_kv_a=w.fused([q_in[0], f"{p}.kv_a_proj_with_mqa"], [q_in[1], bias]),
             q_a_norm=w.norm(f"{p}.q_a_layernorm", eps) if lora else None,
             q_b_proj=w.linear(f"{p}.q_b_proj") if lora else None,
-            kv_a_proj=w.linear(f"{p}.kv_a_proj_with_mqa", bias),
             kv_a_norm=w.norm(f"{p}.kv_a_layernorm", eps),
             kv_b=w.dense(f"{p}.kv_b_proj.weight"),
             o_proj=w.linear(f"{p}.o_proj", bias))

@@ -38,9 +38,10 @@ class Weights:
         b = self.tensor(f"{name}.bias") if bias else None
         return Linear(self.matrix(f"{name}.weight"), b, self.target)
 
-    def fused(self, names: list[str], bias: bool = False) -> FusedLinear:
-        """Linears over the same input as one kernel call (kt_cli.layers.fused)."""
-        biases = [self.tensor(f"{name}.bias") if bias else None for name in names]
+    def fused(self, names: list[str], bias: bool | list[bool] = False) -> FusedLinear:
+        """Linears over the same input as one kernel call (kt_cli.layers.fused); bias: for all or per name."""
+        flags = bias if isinstance(bias, list) else [bias] * len(names)
+        biases = [self.tensor(f"{name}.bias") if b else None for name, b in zip(names, flags, strict=True)]
         return FusedLinear([self.matrix(f"{name}.weight") for name in names], biases, self.target)
 
     def dense(self, name: str) -> torch.Tensor:
