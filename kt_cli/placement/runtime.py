@@ -100,8 +100,20 @@ class PlacementRuntime:
         self._record_path, self._record_interval = Path(path), interval_s
         self._last_record = time.monotonic()
         if first:
-            self.model.register_forward_hook(lambda *_: self._maybe_record())
+            self._record_after_forward()
             atexit.register(self._record_at_exit)
+
+    def _record_after_forward(self) -> None:
+        """Checks the interval after every forward. The engine calls model.forward
+        directly, which module forward hooks never see, so the bound method itself is
+        wrapped (an instance attribute: model(...) goes through it as well)."""
+        forward = self.model.forward
+
+        def recording_forward(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            self._maybe_record()
+            return out
+        self.model.forward = recording_forward
 
     def stop_recording(self) -> None:
         self._record_path = None

@@ -111,6 +111,19 @@ def test_recorded_stats_drive_frequency_placement(tiny_dir, tmp_path):
     assert llm.stats().hit_rate > 4 / counts.shape[1]     # hot experts beat a uniform share
 
 
+def test_stats_are_written_periodically_while_the_engine_runs(tiny_dir, tmp_path):
+    """The periodic write fires from engine steps (which call model.forward), not only at close."""
+    path = tmp_path / "periodic.json"
+    llm = LLM(str(tiny_dir), **SMALL, record_expert_stats=str(path))
+    llm.placement.record_to(path, interval_s=1e-6)      # the same recorder, a tiny interval
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert path.exists()
+    tokens = sum(len(o.prompt_token_ids) + len(o.token_ids) - 1 for o in outs)
+    top_k = llm.model.config.moe.top_k
+    assert all(sum(row) == tokens * top_k for row in json.loads(path.read_text())["counts"])
+    llm.placement.close()
+
+
 def test_bad_stats_files_are_refused_in_one_line(tiny_dir, tmp_path):
     path = tmp_path / "other.json"
     path.write_text(json.dumps({"format": "kt-expert-stats", "version": 1, "model": "someone-else",
