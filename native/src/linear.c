@@ -120,6 +120,19 @@ static void float_block_f16(float *o, int64_t l, const kt_matrix *w, int64_t r0,
 #define INT_TOKENS(fmt) ((fmt) == KT_I4 ? 2 : 4)
 #endif
 
+/* Rows [b0, b1) for the token tile at t0 (tt tokens): tiles of `rows` (4 or 2;
+ * 1 means single rows only) while they fit, then single rows. */
+#define ROW_TILES(TILE, rows, tt)                                             \
+    int64_t r = b0;                                                           \
+    for (; (rows) > 1 && r + (rows) <= b1; r += (rows)) {                     \
+        float *o = out + t0 * ldo + (r - r0);                                 \
+        if ((rows) == 4) { SWITCH_TT(TILE, 4, tt) } else { SWITCH_TT(TILE, 2, tt) } \
+    }                                                                         \
+    for (; r < b1; r++) {                                                     \
+        float *o = out + t0 * ldo + (r - r0);                                 \
+        SWITCH_TT(TILE, 1, tt)                                                \
+    }
+
 #define INT_TILE(RT, TT) int_tile(o, ldo, w, r, RT, a, t0, TT, fmt, asym)
 
 KT_INLINE void int_block(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t b0,
@@ -131,15 +144,7 @@ KT_INLINE void int_block(float *out, int64_t ldo, const kt_matrix *w, int64_t r0
         /* 1-2 tokens: 4 rows, a whole row tile of the tiled layout (kt.h); AVX2 I8
          * with 2 tokens ran 1.3x faster so (spilled accumulators and all) */
         const int rows = tt <= 2 ? 4 : INT_ROWS(fmt);
-        int64_t r = b0;
-        for (; r + rows <= b1; r += rows) {
-            float *o = out + t0 * ldo + (r - r0);
-            if (rows == 4) { SWITCH_TT(INT_TILE, 4, tt) } else { SWITCH_TT(INT_TILE, 2, tt) }
-        }
-        for (; r < b1; r++) {
-            float *o = out + t0 * ldo + (r - r0);
-            SWITCH_TT(INT_TILE, 1, tt)
-        }
+        ROW_TILES(INT_TILE, rows, tt)
     }
 }
 
@@ -174,15 +179,7 @@ KT_INLINE void dq_block(float *out, int64_t ldo, const kt_matrix *w, int64_t r0,
         int tt = a->m - t0 < TOKEN_TILE ? (int)(a->m - t0) : TOKEN_TILE;
         const float *x = a->f32 + t0 * w->cols;
         const int rows = DQ_ROWS(tt);
-        int64_t r = b0;
-        for (; rows > 1 && r + rows <= b1; r += rows) {
-            float *o = out + t0 * ldo + (r - r0);
-            if (rows == 4) { SWITCH_TT(DQ_TILE, 4, tt) } else { SWITCH_TT(DQ_TILE, 2, tt) }
-        }
-        for (; r < b1; r++) {
-            float *o = out + t0 * ldo + (r - r0);
-            SWITCH_TT(DQ_TILE, 1, tt)
-        }
+        ROW_TILES(DQ_TILE, rows, tt)
     }
 }
 
