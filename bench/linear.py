@@ -17,7 +17,7 @@ POOL_SETTLE_S so neither pool's spinning workers steal the other's cores (both
 then pay a worker wake-up per call).
 i4-g32a, i8-g32 and i8-g16 are the layouts of GGUF Q4_1, Q8_0 and Q6_K. Each I8/I4 row
 is timed in the row layout and tiled ("-tiled", kt.h KT_LAYOUT_TILES, what models load).
---exact times the float32-activation path the dense layers use.
+--acts int16|f32 times the dense layers' paths (int16 in decode, f32 from 16 tokens).
 """
 
 import argparse
@@ -91,7 +91,8 @@ def main() -> None:
     parser.add_argument("--footprint-mib", type=int, default=512)
     parser.add_argument("--formats", default=",".join(f[0] for f in FORMATS))
     parser.add_argument("--baseline", default=None, help="a saved .so of the same variant to time beside")
-    parser.add_argument("--exact", action="store_true", help="float32 activations (the dense layers' path)")
+    parser.add_argument("--acts", choices=["int8", "int16", "f32"], default="int8",
+                        help="activations of I8/I4 weights (dense layers: int16 in decode, f32 in prefill)")
     args = parser.parse_args()
     loaded = kernels.load_variant(args.variant) if args.variant else kernels.load()
     ops = Ops(loaded, args.threads or hardware.default_threads())
@@ -120,7 +121,7 @@ def bench_shape(rows: int, cols: int, m: int, formats: list, variants: list, arg
         for suffix, tiled in layouts:
             w = make_weight(w32, fmt, group, symmetric)
             weights = copies_of(kernel_layout(w) if tiled else w, footprint)
-            fns = [lambda w, o=o: o.linear(x, w, exact=args.exact) for _, o in variants]
+            fns = [lambda w, o=o: o.linear(x, w, acts=args.acts) for _, o in variants]
             for (tag, _), ms in zip(variants, time_ms(fns, weights, args.repeats)):
                 print(row(name + suffix + tag, m, rows, cols, ms, weights[0].nbytes(), bw))
             del weights

@@ -33,13 +33,20 @@ class Target:
         return t.to(device=self.device, dtype=self.dtype)
 
 
+# from this many tokens the float32 path runs a GEMM (native/src/kt_internal.h KT_GEMM_MIN_TOKENS)
+GEMM_MIN_TOKENS = 16
+
+
 def cpu_linear(x: torch.Tensor, w: QMatrix) -> torch.Tensor:
-    """x [m, cols] f32 @ w.T -> [m, rows] f32, in w's stored format, with float32
-    activations: dense layers see every token of every layer, and int8 activations
-    flipped near-ties in the output (SmolLM2 answered "What is the capital of
-    France?" in French: "The" led "L" by 0.08 logits in fp32). Routed experts keep
-    int8 activations (kt_cli.ops.moe)."""
-    return ops.linear(x, w, exact=True)
+    """x [m, cols] f32 @ w.T -> [m, rows] f32, in w's stored format. Dense layers
+    see every token of every layer, and int8 activations flipped near-ties in the
+    output (SmolLM2 answered "What is the capital of France?" in French: "The" led
+    "L" by 0.08 logits in fp32), so they take int16 activations in decode (each
+    value within 1/65534 of its 32-block's largest: integer products, 2-3x fewer
+    instructions than converting every weight to float) and float32 from
+    GEMM_MIN_TOKENS tokens, where the GEMM reuses each dequantized weight panel.
+    Routed experts keep int8 activations (kt_cli.ops.moe)."""
+    return ops.linear(x, w, acts="int16" if x.shape[0] < GEMM_MIN_TOKENS else "f32")
 
 
 class Linear(torch.nn.Module):

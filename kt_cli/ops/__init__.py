@@ -3,7 +3,7 @@ dtype against the tensors it is handed before calling C.
 
 API (implemented in this package's modules):
   pool()                                  the process-wide kt_pool (KT_THREADS threads)
-  linear(x [m, cols] f32, w: QMatrix, exact=False) -> [m, rows] f32 (exact: f32 activations)
+  linear(x [m, cols] f32, w: QMatrix, acts="int8") -> [m, rows] f32 (acts: int8 | int16 | f32)
   kernel_layout(w: QMatrix) -> QMatrix    w tiled for the kernels where its shape allows (load time)
   quantize(w [rows, cols] f32, fmt, group, symmetric=True) -> QMatrix   (native, all threads)
   quantize_rows_i8(x [rows, n] f32)       -> (q int8 [rows, n], scale f32 [rows])
@@ -46,8 +46,8 @@ class Ops:
     def pool(self) -> Pool:
         return Pool(self.kernels, self.threads)
 
-    def linear(self, x: torch.Tensor, w: QMatrix, exact: bool = False) -> torch.Tensor:
-        return _linear.linear(self.pool, x, w, exact)
+    def linear(self, x: torch.Tensor, w: QMatrix, acts: str = "int8") -> torch.Tensor:
+        return _linear.linear(self.pool, x, w, acts)
 
     def quantize(self, w: torch.Tensor, fmt: Format, group: int, symmetric: bool = True) -> QMatrix:
         return _quant.quantize(self.pool, w, fmt, group, symmetric)
@@ -69,8 +69,8 @@ def pool() -> Pool:
     return default().pool
 
 
-def linear(x: torch.Tensor, w: QMatrix, exact: bool = False) -> torch.Tensor:
-    return default().linear(x, w, exact)
+def linear(x: torch.Tensor, w: QMatrix, acts: str = "int8") -> torch.Tensor:
+    return default().linear(x, w, acts)
 
 
 def quantize(w: torch.Tensor, fmt: Format, group: int, symmetric: bool = True) -> QMatrix:

@@ -8,16 +8,21 @@ from .ffi_args import check, check_status, kt_matrix, matrix_2d, pointer
 from .pool import Pool
 
 
-def linear(pool: Pool, x: torch.Tensor, w: QMatrix, exact: bool = False) -> torch.Tensor:
-    """exact=False: I8/I4 weights meet int8 activations (one scale per 32 values);
-    exact=True: float32 activations for every format (kt.h, kt_linear)."""
+ACTS = ("int8", "int16", "f32")
+
+
+def linear(pool: Pool, x: torch.Tensor, w: QMatrix, acts: str = "int8") -> torch.Tensor:
+    """The activations I8/I4 weights meet (kt.h, kt_linear): "int8" one scale per
+    32 values; "int16" the same in int16 (each value within max|x| / 65534 of its
+    block); "f32" float32. Float formats always take float32."""
+    check(acts in ACTS, f"acts must be one of {ACTS}, not {acts!r}")
     ffi, lib = pool.kernels.ffi, pool.kernels.lib
     desc = kt_matrix(ffi, w)
     m, cols = matrix_2d(x, torch.float32, "x")
     check(cols == w.cols, f"x has {cols} columns, the weight expects {w.cols}")
     out = torch.empty(m, w.rows, dtype=torch.float32)
-    rc = lib.kt_linear(pool.handle, pointer(ffi, out, "float *"), pointer(ffi, x, "const float *"), m, desc,
-                       lib.KT_ACTS_F32 if exact else lib.KT_ACTS_INT8)
+    kind = {"int8": lib.KT_ACTS_INT8, "int16": lib.KT_ACTS_INT16, "f32": lib.KT_ACTS_F32}[acts]
+    rc = lib.kt_linear(pool.handle, pointer(ffi, out, "float *"), pointer(ffi, x, "const float *"), m, desc, kind)
     check_status(rc, "kt_linear")
     return out
 

@@ -120,8 +120,13 @@ int kt_linear_f32(kt_pool *pool, float *out, const float *x, int64_t m, const kt
  * KT_ACTS_F32 keeps x in float32 for every format, so the result is W . x up to
  * f32 rounding: I8/I4 weights are dequantized in registers (m < 16) or per row
  * panel into a float32 GEMM (m >= 16, AVX2 and AVX-512 builds). What dense
- * layers use, where int8 activations can flip a near-tie between two tokens. */
-enum kt_acts_kind { KT_ACTS_INT8 = 0, KT_ACTS_F32 = 1 };
+ * layers use, where int8 activations can flip a near-tie between two tokens.
+ * KT_ACTS_INT16: for I8/I4 weights x is quantized to int16, one scale per block
+ * of 32 values (s = max |x| over the block / 32767, so every value is within
+ * max |x| / 65534 of x), and multiplied in integers: decode of the dense layers
+ * at near float32 accuracy without converting every weight to float. Float
+ * formats take KT_ACTS_F32 instead. */
+enum kt_acts_kind { KT_ACTS_INT8 = 0, KT_ACTS_F32 = 1, KT_ACTS_INT16 = 2 };
 
 int kt_linear(kt_pool *pool, float *out, const float *x, int64_t m, const kt_matrix *w, int32_t acts);
 

@@ -54,7 +54,9 @@ int kt_pool_amx_tiles(const kt_pool *pool);
  *   q_group_sum[t, g] = sum over k in group g of q_scale[t, k / 32] * q[t, k]
  * For I4 weights q's rows are stored interleaved: in every full 64 columns the
  * pieces [0-15, 16-31, 32-47, 48-63] sit in the order [0-15, 32-47, 16-31, 48-63]
- * (the order in which the kernels unpack two 16-byte blocks of I4 codes). */
+ * (the order in which the kernels unpack two 16-byte blocks of I4 codes).
+ * KT_ACTS_INT16 fills q16 instead of q (in column order, scale max |x| / 32767),
+ * with q_scale and q_group_sum as above. */
 #define KT_ACT_BLOCK 32
 
 typedef struct kt_acts {
@@ -68,6 +70,7 @@ typedef struct kt_acts {
                             * AVX2+): x per token tile, transposed (gemm.c); or NULL */
     uint16_t *bf16;        /* [m, cols] or NULL */
     int8_t *q;             /* [m, cols] or NULL; I4: interleaved, see above */
+    int16_t *q16;          /* [m, cols] or NULL (KT_ACTS_INT16) */
     float *q_scale;        /* [m, n_blocks], n_blocks = ceil(cols / 32) */
     float *q_group_sum;    /* [m, cols / group] */
     /* amx variant, AMX tiles enabled on the pool and m >= KT_AMX_MIN_TOKENS: the
@@ -95,15 +98,21 @@ typedef struct kt_acts {
 #endif
 
 /* Bytes of scratch kt_acts_prepare needs for m rows against matrix w; amx_tiles
- * as kt_pool_amx_tiles of the pool the kernels will run on; float_acts 1 for the
- * exact path (float32 activations for every format). */
-size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int float_acts);
+ * as kt_pool_amx_tiles of the pool the kernels will run on; kind a kt_acts_kind
+ * (kt.h; KT_ACTS_F32: the exact path, float32 activations for every format). */
+size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int32_t kind);
 /* Fills acts from x [m, w->cols] using `scratch` (kt_acts_scratch_bytes long, 64-byte
- * aligned): with float_acts the GEMM's transposed tiles when it applies, else
- * nothing (the kernels read x); else int8 (I8/I4) or bf16 (BF16 on avx512_bf16),
- * and AMX panels when amx_tiles is set (and the build and shape allow). */
+ * aligned): for KT_ACTS_F32 the GEMM's transposed tiles when it applies, else
+ * nothing (the kernels read x); for KT_ACTS_INT16 int16 (I8/I4); else int8 (I8/I4)
+ * or bf16 (BF16 on avx512_bf16), and AMX panels when amx_tiles is set (and the
+ * build and shape allow). */
 int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w, int amx_tiles,
-                    int float_acts, void *scratch);
+                    int32_t kind, void *scratch);
+
+/* quant.c helpers that acts.c shares: max |x[i]| (NaN ignored), and one token row
+ * in int8 blocks of KT_ACT_BLOCK, q = rint(x / s), s = max |x| over the block / 127. */
+float kt_abs_max(const float *x, int64_t n);
+void kt_quantize_blocks_i8(int8_t *q, float *scale, const float *x, int64_t n);
 
 /* Rows [r0, r1) of W against acts->xt (acts prepared for the GEMM): the same
  * contract as kt_matrix_rows_f32. KT_ENOMEM if the per-thread panel could not be

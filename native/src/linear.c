@@ -282,17 +282,16 @@ static int64_t rows_per_task(const kt_matrix *w, int64_t m, int threads)
 }
 
 /* Activations as the kernels want them, in the calling thread's scratch:
- * quantized (KT_ACTS_INT8) or float32 (KT_ACTS_F32), or the GEMM's tiles. */
+ * quantized (KT_ACTS_INT8, KT_ACTS_INT16) or float32 (KT_ACTS_F32), or the GEMM's tiles. */
 static int prepare(kt_acts *acts, kt_pool *pool, const float *x, int64_t m, const kt_matrix *w,
                    int32_t kind)
 {
-    int float_acts = kind == KT_ACTS_F32;
-    int amx_tiles = float_acts ? 0 : kt_pool_amx_tiles(pool);
-    size_t bytes = kt_acts_scratch_bytes(w, m, amx_tiles, float_acts);
+    int amx_tiles = kind == KT_ACTS_INT8 ? kt_pool_amx_tiles(pool) : 0;
+    size_t bytes = kt_acts_scratch_bytes(w, m, amx_tiles, kind);
     void *scratch = bytes > 0 ? kt_thread_buffer(KT_BUF_ACTS, bytes) : NULL;
     if (bytes > 0 && !scratch)
         return KT_ENOMEM;
-    return kt_acts_prepare(acts, x, m, w, amx_tiles, float_acts, scratch);
+    return kt_acts_prepare(acts, x, m, w, amx_tiles, kind, scratch);
 }
 
 int kt_linear_f32(kt_pool *pool, float *out, const float *x, int64_t m, const kt_matrix *w)
@@ -304,7 +303,7 @@ int kt_linear(kt_pool *pool, float *out, const float *x, int64_t m, const kt_mat
 {
     if (!out || !x || m < 1 || kt_matrix_check(w) != KT_OK)
         return KT_EINVAL;
-    if (acts_kind != KT_ACTS_INT8 && acts_kind != KT_ACTS_F32)
+    if (acts_kind != KT_ACTS_INT8 && acts_kind != KT_ACTS_F32 && acts_kind != KT_ACTS_INT16)
         return KT_EINVAL;
     kt_acts acts;
     int rc = prepare(&acts, pool, x, m, w, acts_kind);

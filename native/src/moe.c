@@ -170,7 +170,7 @@ static void activate(const kt_moe_desc *d, float *g, const float *u, int64_t n)
 static void prepare_or_flag(moe_plan *p, kt_acts *acts, const float *x, int64_t m,
                             const kt_matrix *w, void *scratch)
 {
-    if (kt_acts_prepare(acts, x, m, w, p->amx_tiles, 0, scratch) != KT_OK) {
+    if (kt_acts_prepare(acts, x, m, w, p->amx_tiles, KT_ACTS_INT8, scratch) != KT_OK) {
         memset(acts, 0, sizeof *acts);
         atomic_store_explicit(&p->failed, 1, memory_order_relaxed);
     }
@@ -374,8 +374,8 @@ static int assign_acts_scratch(kt_moe *moe, moe_plan *p)
         }
         for (int32_t u = 0; u < p->n_units; u++) {
             const moe_unit *un = &p->units[u];
-            void *g = take(&c, kt_acts_scratch_bytes(&moe->desc.gate[un->expert], un->m, p->amx_tiles, 0));
-            void *dn = take(&c, kt_acts_scratch_bytes(&moe->desc.down[un->expert], un->m, p->amx_tiles, 0));
+            void *g = take(&c, kt_acts_scratch_bytes(&moe->desc.gate[un->expert], un->m, p->amx_tiles, KT_ACTS_INT8));
+            void *dn = take(&c, kt_acts_scratch_bytes(&moe->desc.down[un->expert], un->m, p->amx_tiles, KT_ACTS_INT8));
             if (pass == 1) {
                 p->scr_gu[u] = g;
                 p->scr_dn[u] = dn;

@@ -402,6 +402,8 @@ KT_INLINE void int_tile_portable(float dots[4][4], const int_rows *w, const int 
 }
 #endif
 
+#include "simd_int16.h"
+
 /* sum_k a[k] * b[k]: the zero-point term, one product per group */
 static inline float dot_f32(const float *a, const float *b, int64_t n)
 {
@@ -434,15 +436,19 @@ KT_INLINE void int_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r, 
         rows.min[i] = asym ? w->min + (r + i) * n_groups : NULL;
     }
     float dots[4][4];
+    if (a->q16)
+        int16_tile(dots, &rows, RT, a, t0, TT, fmt);
 #if defined(KT_INT_TILE_512)
-    if (cols % 64 == 0 && group % 32 == 0)
+    else if (cols % 64 == 0 && group % 32 == 0)
         int_tile_512(dots, &rows, RT, a, t0, TT, fmt);
     else
         int_tile_256(dots, &rows, RT, a, t0, TT, fmt);
 #elif defined(__AVX2__)
-    int_tile_256(dots, &rows, RT, a, t0, TT, fmt);
+    else
+        int_tile_256(dots, &rows, RT, a, t0, TT, fmt);
 #else
-    int_tile_portable(dots, &rows, RT, a, t0, TT, fmt);
+    else
+        int_tile_portable(dots, &rows, RT, a, t0, TT, fmt);
 #endif
     if (asym || fmt == KT_I4) {
         const float *gsum = a->q_group_sum + t0 * n_groups;

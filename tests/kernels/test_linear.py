@@ -13,9 +13,12 @@ the size of the sum without cancellation, the scale f32 rounding errors follow.
                  element) the bound is 5e-3 (measured <= 3.3e-3; it was 1e-2).
                  With outliers (|x| = 1000-2000 among N(0, 1) values) per-row
                  scales give 1.3e-2 > 2x the bound: test_outliers_stay_in_their_block.
-  exact=True:    (kt_linear, KT_ACTS_F32) f32 activations for every format, so
+  acts="f32":    (kt_linear, KT_ACTS_F32) f32 activations for every format, so
                  ref = x @ W.dequantize()^T, bound 1e-6 for I8/I4 as well; m = 33
                  runs the prefill GEMM (>= 16 tokens) with a partial token tile.
+  acts="int16":  (KT_ACTS_INT16) as int8 with int16 codes (scale max/32767): ref
+                 = the int16-quantized x @ W.dequantize()^T, bound 1e-6; against
+                 the unquantized x 2e-5 (measured <= 8.5e-6, int8 3.2e-3).
 AMX tiles (amx variant, opt-in): the same bounds with the tile path enabled.
 """
 
@@ -38,6 +41,7 @@ QUANT_CASES = [  # fmt, rows, cols, group
 ]
 QUANT_EXACT_BOUND = 1e-6
 QUANT_X_BOUND = 5e-3
+QUANT_X16_BOUND = 2e-5
 ACT_BLOCK = 32
 FLOAT_DTYPES = {Format.F32: torch.float32, Format.BF16: torch.bfloat16, Format.F16: torch.float16}
 
@@ -52,13 +56,14 @@ def _randn(*shape, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def _acts_reference(x: torch.Tensor) -> torch.Tensor:
-    """Symmetric int8 with one f32 scale per 32 values of a row (the last block may be shorter)."""
+def _acts_reference(x: torch.Tensor, levels: int = 127) -> torch.Tensor:
+    """Symmetric int8 (levels 127) or int16 (32767) with one f32 scale per 32 values
+    of a row (the last block may be shorter)."""
     m, n = x.shape
     blocks = -(-n // ACT_BLOCK)
     xb = torch.nn.functional.pad(x, (0, blocks * ACT_BLOCK - n)).reshape(m, blocks, ACT_BLOCK)
-    scale = xb.abs().amax(dim=2, keepdim=True) / 127.0
-    q = torch.round(xb / torch.where(scale == 0, torch.ones_like(scale), scale)).clamp(-127, 127)
+    scale = xb.abs().amax(dim=2, keepdim=True) / float(levels)
+    q = torch.round(xb / torch.where(scale == 0, torch.ones_like(scale), scale)).clamp(-levels, levels)
     return (q.double() * scale.double()).reshape(m, blocks * ACT_BLOCK)[:, :n]
 
 
@@ -95,12 +100,40 @@ def test_quantized_formats(ops, fmt, rows, cols, group, symmetric, m):
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 @pytest.mark.parametrize("fmt, rows, cols, group", QUANT_CASES)
 def test_quantized_formats_exact_activations(ops, fmt, rows, cols, group, symmetric, m):
-    """exact=True: the activations stay f32 (weights dequantized in registers), so the
+    """acts="f32": the activations stay f32 (weights dequantized in registers), so the
     result is x @ W.dequantize()^T to f32 rounding, with no int8 error to allow for."""
     w = quantize_reference(_randn(rows, cols, seed=rows * cols), fmt, group, symmetric)
     x = _randn(m, cols, seed=m + cols)
     x[:, 0] = 1000.0
-    assert rel_err(ops.linear(x, w, exact=True), x, w.dequantize()) < QUANT_EXACT_BOUND
+    assert rel_err(ops.linear(x, w, acts="f32"), x, w.dequantize()) < QUANT_EXACT_BOUND
+
+
+@pytest.mark.parametrize("m", TOKENS)
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("fmt, rows, cols, group", QUANT_CASES)
+def test_quantized_formats_int16_activations(ops, fmt, rows, cols, group, symmetric, m):
+    """acts="int16": integer products on int16 codes of x, one scale per 32 values,
+    also with an outlier column (1000 among N(0, 1) values)."""
+    w = quantize_reference(_randn(rows, cols, seed=rows * cols), fmt, group, symmetric)
+    x = _randn(m, cols, seed=m + cols)
+    assert rel_err(ops.linear(x, w, acts="int16"), x, w.dequantize()) < QUANT_X16_BOUND
+    x[:, 0] = 1000.0
+    out = ops.linear(x, w, acts="int16")
+    assert rel_err(out, _acts_reference(x, 32767), w.dequantize()) < QUANT_EXACT_BOUND
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("fmt", [Format.F32, Format.BF16, Format.F16], ids=lambda f: f.name)
+def test_float_formats_take_f32_for_int16(ops, fmt, m):
+    w = QMatrix(fmt, 37, 96, _randn(37, 96, seed=2).to(FLOAT_DTYPES[fmt]))
+    x = _randn(m, 96, seed=3)
+    assert rel_err(ops.linear(x, w, acts="int16"), x, w.dequantize()) < 1e-5
+
+
+def test_unknown_activation_kind_is_refused(ops):
+    w = QMatrix(Format.F32, 4, 8, _randn(4, 8, seed=1))
+    with pytest.raises(KtError, match="acts must be one of"):
+        ops.linear(_randn(1, 8, seed=1), w, acts="int4")
 
 
 @pytest.mark.parametrize("m", [5, 37])
@@ -111,7 +144,7 @@ def test_float_formats_exact_activations_skip_bf16_rounding(ops, fmt, rows, cols
     panels and a column count no vector width divides."""
     w = QMatrix(fmt, rows, cols, _randn(rows, cols, seed=2).to(FLOAT_DTYPES[fmt]))
     x = _randn(m, cols, seed=3)
-    assert rel_err(ops.linear(x, w, exact=True), x, w.dequantize()) < 1e-5
+    assert rel_err(ops.linear(x, w, acts="f32"), x, w.dequantize()) < 1e-5
 
 
 @pytest.mark.parametrize("fmt, group, symmetric", [

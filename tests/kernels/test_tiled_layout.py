@@ -51,7 +51,8 @@ def test_linear_on_tiled_weights(ops, fmt, rows, cols, group, symmetric, m):
     t = tile_rows(w)
     x = _randn(m, cols, seed=m + cols)
     assert rel_err(ops.linear(x, t), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
-    assert rel_err(ops.linear(x, t, exact=True), x, w.dequantize()) < QUANT_EXACT_BOUND
+    assert rel_err(ops.linear(x, t, acts="f32"), x, w.dequantize()) < QUANT_EXACT_BOUND
+    assert rel_err(ops.linear(x, t, acts="int16"), _acts_reference(x, 32767), w.dequantize()) < QUANT_EXACT_BOUND
 
 
 @pytest.mark.parametrize("fmt, rows, cols, group", TILE_CASES + [(Format.I4, 4 * 300, 2048, 128)])

@@ -1,0 +1,302 @@
+/* acts.c: the activations every matrix-rows kernel consumes (kt_acts,
+ * kt_internal.h), prepared once per (tokens, weight format) so every row block of
+ * W reuses them.
+ *
+ * Scratch layout (each part 64-byte aligned), nb = ceil(cols / 32):
+ *   integer formats, KT_ACTS_INT8:  q int8 [m, cols] | q_scale f32 [m, nb] | q_group_sum f32 [m, cols/group]
+ *   integer formats, KT_ACTS_INT16: q16 int16 [m, cols] | q_scale | q_group_sum, the same
+ *   BF16 where the ISA has a bf16 dot product: bf16 [m, cols]
+ *   KT_ACTS_F32 from KT_GEMM_MIN_TOKENS tokens: the GEMM's transposed tiles
+ *   other float formats: nothing (the kernels read x directly)
+ *   then, with AMX tiles, the AMX panels. */
+#include <math.h>
+#include <string.h>
+#include "kt_internal.h"
+
+#define ALIGN64(n) (((n) + (size_t)63) & ~(size_t)63)
+
+static int uses_bf16_acts(int32_t format)
+{
+#if defined(__AVX512BF16__)
+    return format == KT_BF16;
+#else
+    (void)format;
+    return 0;
+#endif
+}
+
+/* AMX panels (amx variant, tiles enabled): BF16 needs cols % 32 == 0, I8 group % 32 == 0. */
+static int uses_amx(const kt_matrix *w, int64_t m, int amx_tiles)
+{
+#if defined(KT_AMX_BUILD)
+    if (!amx_tiles || m < KT_AMX_MIN_TOKENS)
+        return 0;
+    return (w->format == KT_BF16 && w->cols % 32 == 0) || (w->format == KT_I8 && w->group % 32 == 0);
+#else
+    (void)w;
+    (void)m;
+    (void)amx_tiles;
+    return 0;
+#endif
+}
+
+/* The GEMM serves the exact path (float activations) from KT_GEMM_MIN_TOKENS on.
+ * Not the int8 path: on a 2-core Zen 3 its integer tiles ran an MoE layer's
+ * prefill (32 tokens per expert) ~20% faster than dequantize-then-GEMM. */
+static int uses_gemm(int64_t m)
+{
+#if defined(KT_GEMM_BUILD)
+    return m >= KT_GEMM_MIN_TOKENS;
+#else
+    (void)m;
+    return 0;
+#endif
+}
+
+static size_t xt_bytes(const kt_matrix *w, int64_t m)
+{
+    size_t tiles = (size_t)(m + KT_GEMM_TOKENS - 1) / KT_GEMM_TOKENS;
+    return ALIGN64(tiles * KT_GEMM_TOKENS * (size_t)w->cols * 4);
+}
+
+/* xt[(tile * cols + k) * KT_GEMM_TOKENS + j] = x[tile * KT_GEMM_TOKENS + j, k], 0 past m */
+static void fill_xt(float *xt, const float *x, int64_t m, int64_t cols)
+{
+    for (int64_t t0 = 0; t0 < m; t0 += KT_GEMM_TOKENS) {
+        float *tile = xt + t0 * cols;
+        int64_t n = m - t0 < KT_GEMM_TOKENS ? m - t0 : KT_GEMM_TOKENS;
+        for (int64_t k = 0; k < cols; k++) {
+            for (int64_t j = 0; j < n; j++)
+                tile[k * KT_GEMM_TOKENS + j] = x[(t0 + j) * cols + k];
+            for (int64_t j = n; j < KT_GEMM_TOKENS; j++)
+                tile[k * KT_GEMM_TOKENS + j] = 0.0f;
+        }
+    }
+}
+
+static size_t n_act_blocks(int64_t cols)
+{
+    return (size_t)(cols + KT_ACT_BLOCK - 1) / KT_ACT_BLOCK;
+}
+
+static size_t amx_bytes(const kt_matrix *w, int64_t m, int amx_tiles)
+{
+    if (!uses_amx(w, m, amx_tiles))
+        return 0;
+    size_t m16 = (size_t)(m + 15) / 16 * 16, cols = (size_t)w->cols;
+    if (w->format == KT_BF16)
+        return ALIGN64(m16 * cols * 2);
+    return ALIGN64(m16 * cols) + ALIGN64(m16 * (cols / (size_t)w->group) * 4) +
+           ALIGN64(m16 * n_act_blocks(w->cols) * 4);
+}
+
+/* codes of code_bytes (1: int8, 2: int16) | block scales | group sums */
+static size_t int_acts_bytes(const kt_matrix *w, int64_t m, size_t code_bytes)
+{
+    size_t mm = (size_t)m, cols = (size_t)w->cols;
+    return ALIGN64(mm * cols * code_bytes) + ALIGN64(mm * n_act_blocks(w->cols) * 4) +
+           ALIGN64(mm * (cols / (size_t)w->group) * 4);
+}
+
+static int quantized(int32_t format)
+{
+    return format == KT_I8 || format == KT_I4;
+}
+
+/* INT16 is for integer weights; float formats take float32 activations then */
+static int32_t effective_kind(const kt_matrix *w, int32_t kind)
+{
+    return kind == KT_ACTS_INT16 && !quantized(w->format) ? KT_ACTS_F32 : kind;
+}
+
+size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int32_t kind)
+{
+    if (m < 1 || kt_matrix_check(w) != KT_OK)
+        return 0;
+    kind = effective_kind(w, kind);
+    if (kind == KT_ACTS_F32)
+        return uses_gemm(m) ? xt_bytes(w, m) : 0;
+    if (kind == KT_ACTS_INT16)
+        return int_acts_bytes(w, m, 2);
+    if (quantized(w->format))
+        return int_acts_bytes(w, m, 1) + amx_bytes(w, m, amx_tiles);
+    if (uses_bf16_acts(w->format))
+        return ALIGN64((size_t)m * (size_t)w->cols * 2) + amx_bytes(w, m, amx_tiles);
+    return 0;
+}
+
+/* Sums of the dequantized activations s_b * q[k] over each group (group % 16 == 0):
+ * integer sums over 16 values, each inside one block, scaled once. q holds
+ * int8 (code_bytes 1) or int16 (2) codes. */
+static void group_sums(float *sums, const void *q, size_t code_bytes, const float *scale, int64_t cols,
+                       int64_t group)
+{
+    for (int64_t g = 0; g < cols / group; g++) {
+        float s = 0.0f;
+        for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
+            int32_t part = 0;
+            for (int j = 0; j < 16; j++)
+                part += code_bytes == 2 ? ((const int16_t *)q)[k + j] : ((const int8_t *)q)[k + j];
+            s += scale[k / KT_ACT_BLOCK] * (float)part;
+        }
+        sums[g] = s;
+    }
+}
+
+/* I4 rows: in every full 64 columns, the 16-column pieces 1 and 2 trade places,
+ * [0-15, 32-47, 16-31, 48-63], the order in which the I4 kernels unpack two
+ * blocks of codes (low nibbles of both, then high nibbles; simd_int.h). */
+static void interleave_i4(int8_t *q, int64_t cols)
+{
+    int8_t piece[16];
+    for (int64_t k = 0; k + 64 <= cols; k += 64) {
+        memcpy(piece, q + k + 16, 16);
+        memcpy(q + k + 16, q + k + 32, 16);
+        memcpy(q + k + 32, piece, 16);
+    }
+}
+
+/* Points a's codes (int8 or int16), block scales and group sums into scratch. */
+static void place_int_acts(kt_acts *a, int64_t m, const kt_matrix *w, char *scratch, size_t code_bytes)
+{
+    size_t codes = ALIGN64((size_t)m * (size_t)w->cols * code_bytes);
+    if (code_bytes == 2)
+        a->q16 = (int16_t *)scratch;
+    else
+        a->q = (int8_t *)scratch;
+    a->q_scale = (float *)(scratch + codes);
+    a->q_group_sum = (float *)(scratch + codes + ALIGN64((size_t)m * n_act_blocks(w->cols) * 4));
+}
+
+static void prepare_int8(kt_acts *a, const float *x, int64_t m, const kt_matrix *w, char *scratch)
+{
+    int64_t nb = (int64_t)n_act_blocks(w->cols), n_groups = w->cols / w->group;
+    place_int_acts(a, m, w, scratch, 1);
+    for (int64_t t = 0; t < m; t++) {
+        int8_t *qt = a->q + t * w->cols;
+        float *st = a->q_scale + t * nb;
+        kt_quantize_blocks_i8(qt, st, x + t * w->cols, w->cols);
+        group_sums(a->q_group_sum + t * n_groups, qt, 1, st, w->cols, w->group);
+        if (w->format == KT_I4)
+            interleave_i4(qt, w->cols);
+    }
+}
+
+/* One token row in int16 blocks: q[k] = rint(x[k] / s_b), s_b = max |x| over block
+ * b / 32767, so |x[k] - s_b * q[k]| <= max |x| / 65534 (NaN becomes 0). */
+static void quantize_blocks_i16(int16_t *q, float *scale, const float *x, int64_t n)
+{
+    for (int64_t k = 0, b = 0; k < n; k += KT_ACT_BLOCK, b++) {
+        int64_t len = n - k < KT_ACT_BLOCK ? n - k : KT_ACT_BLOCK;
+        scale[b] = kt_abs_max(x + k, len) / 32767.0f;
+        float divisor = scale[b] == 0.0f ? 1.0f : scale[b];
+        for (int64_t j = 0; j < len; j++) {
+            float v = rintf(x[k + j] / divisor);
+            q[k + j] = (int16_t)(v != v ? 0.0f : v > 32767.0f ? 32767.0f : v < -32767.0f ? -32767.0f : v);
+        }
+    }
+}
+
+static void prepare_int16(kt_acts *a, const float *x, int64_t m, const kt_matrix *w, char *scratch)
+{
+    int64_t nb = (int64_t)n_act_blocks(w->cols), n_groups = w->cols / w->group;
+    place_int_acts(a, m, w, scratch, 2);
+    for (int64_t t = 0; t < m; t++) {
+        int16_t *qt = a->q16 + t * w->cols;
+        float *st = a->q_scale + t * nb;
+        quantize_blocks_i16(qt, st, x + t * w->cols, w->cols);
+        group_sums(a->q_group_sum + t * n_groups, qt, 2, st, w->cols, w->group);
+    }
+}
+
+/* f32 -> bf16 bits, round to nearest even (NaN kept quiet) */
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* BF16 panels: element (token t, column k) of block (tb, kc) sits at
+ * [tb][kc][k/2 % 16][t % 16][k % 2] (see simd_amx.h); padding tokens are 0. */
+static void amx_fill_bf16(uint16_t *panel, const float *x, int64_t m, int64_t cols)
+{
+    int64_t m16 = (m + 15) / 16 * 16, n_kc = cols / 32;
+    for (int64_t t = 0; t < m16; t++)
+        for (int64_t k = 0; k < cols; k++) {
+            int64_t at = (((t / 16) * n_kc + k / 32) * 16 + (k % 32) / 2) * 32 + (t % 16) * 2 + k % 2;
+            panel[at] = t < m ? f32_to_bf16(x[t * cols + k]) : 0;
+        }
+}
+
+/* int8 panels, one per 32-column block b: (token t, column k) at
+ * [tb][b][k/4 % 8][t % 16][k % 4]; block scales and group sums transposed to
+ * [tb][b][t % 16] and [tb][g][t % 16]; zeros for the padding tokens. */
+static void amx_fill_i8(kt_acts *a, char *base, int64_t m, int64_t cols, int64_t group)
+{
+    int64_t m16 = (m + 15) / 16 * 16, nb = cols / 32, n_groups = cols / group;
+    a->amx_q = (int8_t *)base;
+    a->amx_gsum = (float *)(base + ALIGN64((size_t)(m16 * cols)));
+    a->amx_scale = (float *)((char *)a->amx_gsum + ALIGN64((size_t)(m16 * n_groups * 4)));
+    for (int64_t t = 0; t < m16; t++) {
+        int64_t tb = t / 16, tl = t % 16;
+        for (int64_t k = 0; k < cols; k++) {
+            int64_t at = ((tb * nb + k / 32) * 8 + (k % 32) / 4) * 64 + tl * 4 + k % 4;
+            a->amx_q[at] = t < m ? a->q[t * cols + k] : 0;
+        }
+        for (int64_t b = 0; b < nb; b++)
+            a->amx_scale[(tb * nb + b) * 16 + tl] = t < m ? a->q_scale[t * nb + b] : 0.0f;
+        for (int64_t g = 0; g < n_groups; g++)
+            a->amx_gsum[(tb * n_groups + g) * 16 + tl] = t < m ? a->q_group_sum[t * n_groups + g] : 0.0f;
+    }
+}
+
+int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w, int amx_tiles,
+                    int32_t kind, void *scratch)
+{
+    if (!acts || !x || m < 1 || kt_matrix_check(w) != KT_OK)
+        return KT_EINVAL;
+    if (kind != KT_ACTS_INT8 && kind != KT_ACTS_F32 && kind != KT_ACTS_INT16)
+        return KT_EINVAL;
+    kind = effective_kind(w, kind);
+    size_t bytes = kt_acts_scratch_bytes(w, m, amx_tiles, kind);
+    if (bytes > 0 && !scratch)
+        return KT_EINVAL;
+    memset(acts, 0, sizeof *acts);
+    acts->m = m;
+    acts->cols = w->cols;
+    acts->format = w->format;
+    acts->group = w->group;
+    acts->float_acts = kind == KT_ACTS_F32;
+    acts->f32 = x;
+    if (kind == KT_ACTS_F32) {
+        if (uses_gemm(m)) {
+            acts->xt = scratch;
+            fill_xt(acts->xt, x, m, w->cols);
+        }
+        return KT_OK;
+    }
+    if (kind == KT_ACTS_INT16) {
+        prepare_int16(acts, x, m, w, scratch);
+        return KT_OK;
+    }
+    size_t panel_bytes = amx_bytes(w, m, amx_tiles);
+    char *panels = panel_bytes ? (char *)scratch + (bytes - panel_bytes) : NULL;   /* the AMX panels go last */
+    if (quantized(w->format)) {
+        prepare_int8(acts, x, m, w, scratch);
+        if (uses_amx(w, m, amx_tiles))
+            amx_fill_i8(acts, panels, m, w->cols, w->group);
+    } else if (uses_bf16_acts(w->format)) {
+        acts->bf16 = scratch;
+        for (int64_t i = 0; i < m * w->cols; i++)
+            acts->bf16[i] = f32_to_bf16(x[i]);
+        if (uses_amx(w, m, amx_tiles)) {
+            acts->amx_bf16 = (uint16_t *)panels;
+            amx_fill_bf16(acts->amx_bf16, x, m, w->cols);
+        }
+    }
+    return KT_OK;
+}
