@@ -5,6 +5,7 @@ from typing import Protocol
 
 import torch
 
+from .. import ops
 from ..errors import KtError
 from ..layers.sampler import Sampler
 from .forward_batch import ForwardBatch, KVCache, KVSpec
@@ -55,15 +56,20 @@ class ModelRunner:
 
     @contextmanager
     def _torch_threads(self, n_tokens: int):
+        """Steps of WIDE_STEP_TOKENS tokens or more run torch on prefill_threads threads,
+        and kt's idle workers sleep at once instead of spinning on the cores torch's
+        threads need between kt's kernels."""
         before = torch.get_num_threads()
         wide = self.prefill_threads is not None and n_tokens >= WIDE_STEP_TOKENS and self.prefill_threads != before
-        if wide:
-            torch.set_num_threads(self.prefill_threads)
-        try:
+        if not wide:
             yield
+            return
+        torch.set_num_threads(self.prefill_threads)
+        try:
+            with ops.pool().sleeping_workers():
+                yield
         finally:
-            if wide:
-                torch.set_num_threads(before)
+            torch.set_num_threads(before)
 
     @torch.inference_mode()
     def logits(self, chunks: list[ScheduledChunk], first: int = 0) -> torch.Tensor:

@@ -5,6 +5,7 @@ been verified on AMX hardware, so a pool uses it only when asked: amx_tiles=True
 or by default when the environment sets KT_AMX_TILES=1 and the variant is amx."""
 
 import os
+from contextlib import contextmanager
 
 from ..kernels import Kernels
 from .ffi_args import OpError, check, check_status
@@ -31,6 +32,21 @@ class Pool:
             check(kernels.variant == AMX_VARIANT,
                   f"AMX tiles need the {AMX_VARIANT} kernel variant, this pool runs {kernels.variant}")
             check_status(kernels.lib.kt_pool_set_amx_tiles(self.handle, 1), "kt_pool_set_amx_tiles")
+
+    def set_spin(self, rounds: int) -> None:
+        """Pause rounds an idle worker polls before sleeping (kt.h kt_pool_set_spin; -1 the default)."""
+        check(isinstance(rounds, int) and -1 <= rounds <= 1 << 24, f"spin rounds must be in -1..2^24, got {rounds!r}")
+        check_status(self.kernels.lib.kt_pool_set_spin(self.handle, rounds), "kt_pool_set_spin")
+
+    @contextmanager
+    def sleeping_workers(self):
+        """Idle workers sleep at once inside the block: for steps where torch's own
+        threads run between kt's kernels and need the cores."""
+        self.set_spin(0)
+        try:
+            yield
+        finally:
+            self.set_spin(-1)
 
     def __repr__(self) -> str:
         return f"Pool(variant={self.kernels.variant!r}, threads={self.threads}, amx_tiles={self.amx_tiles})"

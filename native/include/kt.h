@@ -38,6 +38,11 @@ typedef struct kt_pool kt_pool;
 kt_pool *kt_pool_new(int n_threads);
 void kt_pool_free(kt_pool *pool);
 int kt_pool_threads(const kt_pool *pool);
+/* How long an idle worker polls for the next job before it sleeps, in pause
+ * rounds (default -1: 16384, about 0.2-2 ms, which covers the Python gap between
+ * decode kernels). 0 sleeps at once: for stretches where other threads, such as
+ * torch's, run between kt's kernels and need the cores. At most 2^24. */
+int kt_pool_set_spin(kt_pool *pool, int32_t rounds);
 /* Lets kernels on this pool use the AMX tile path (BF16/I8 weights, >= 16 tokens);
  * off by default until that path has been verified on AMX hardware. Requests the
  * OS permission for the tile state when enabling. Call while no job runs.

@@ -20,7 +20,8 @@
  *
  * Sleeping
  *   Idle workers spin briefly on the ticket (back-to-back kernels stay cheap),
- *   then sleep on a condition variable. The thread that completes the last task
+ *   then sleep on a condition variable; kt_pool_set_spin shortens the spin
+ *   while other threads (torch's) need the cores between kernels. The thread that completes the last task
  *   marks the job done and wakes whoever waits for it.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -34,6 +35,7 @@
 #define INDEX_MASK ((UINT64_C(1) << SEQ_SHIFT) - 1)
 #define CLOSED INDEX_MASK
 #define SPIN_ROUNDS 16384         /* ~0.2-2 ms of pause: covers the Python gap between kernels */
+#define MAX_SPIN_ROUNDS (1 << 24)
 
 struct kt_pool {
     int n_threads;
@@ -51,6 +53,7 @@ struct kt_pool {
     _Atomic int64_t tasks_done;
     _Atomic int done_flag;      /* mirror of `done` for spinning waiters */
     _Atomic int stop;
+    _Atomic int32_t idle_spin;  /* kt_pool_set_spin: rounds an idle worker spins before sleeping */
     int amx_tiles;              /* kt_pool_set_amx_tiles; read by the kernels' callers */
 
     /* the current job; written only while no job runs and the ticket is CLOSED */
@@ -111,7 +114,8 @@ static int job_open(uint64_t t, uint64_t seen_seq)
 
 static uint64_t wait_for_job(kt_pool *pool, uint64_t seen_seq)
 {
-    for (int i = 0; i < SPIN_ROUNDS; i++) {
+    int32_t rounds = atomic_load_explicit(&pool->idle_spin, memory_order_relaxed);
+    for (int32_t i = 0; i < rounds; i++) {
         uint64_t t = atomic_load_explicit(&pool->ticket, memory_order_acquire);
         if (job_open(t, seen_seq) || atomic_load_explicit(&pool->stop, memory_order_acquire))
             return t;
@@ -193,6 +197,7 @@ kt_pool *kt_pool_new(int n_threads)
     atomic_init(&pool->ticket, CLOSED);
     atomic_init(&pool->tasks_done, 0);
     atomic_init(&pool->stop, 0);
+    atomic_init(&pool->idle_spin, SPIN_ROUNDS);
     int started = pool->workers ? start_workers(pool) : -1;
     if (started != pool->n_workers) {
         stop_workers(pool, started < 0 ? 0 : started);
@@ -230,6 +235,14 @@ void kt_pool_free(kt_pool *pool)
 int kt_pool_threads(const kt_pool *pool)
 {
     return pool ? pool->n_threads : 0;
+}
+
+int kt_pool_set_spin(kt_pool *pool, int32_t rounds)
+{
+    if (!pool || rounds < -1 || rounds > MAX_SPIN_ROUNDS)
+        return KT_EINVAL;
+    atomic_store_explicit(&pool->idle_spin, rounds < 0 ? SPIN_ROUNDS : rounds, memory_order_relaxed);
+    return KT_OK;
 }
 
 int kt_pool_set_amx_tiles(kt_pool *pool, int enabled)

@@ -110,6 +110,52 @@ static void check_async(kt_pool *pool, int threads, struct counts *c)
     printf(ok ? "ok %s\n" : "FAIL %s: task counts wrong\n", name);
 }
 
+static double cpu_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Process CPU time while the pool idles for 100 ms after a job, the workers
+ * spinning `rounds` before they sleep. */
+static double idle_cpu_ms(kt_pool *pool, int32_t rounds, struct counts *c)
+{
+    kt_pool_set_spin(pool, rounds);
+    reset(c, kt_pool_threads(pool), 0);
+    kt_pool_run(pool, count_task, c, 64);
+    double before = cpu_ms();
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    return cpu_ms() - before;
+}
+
+/* kt_pool_set_spin: bounds checked; with 0 idle workers sleep at once (no CPU
+ * while idle), with 2^24 rounds they poll through the whole 100 ms; jobs run
+ * every task once either way. */
+static void check_spin(struct counts *c)
+{
+    kt_pool *pool = kt_pool_new(3);
+    const char *name = "spin control threads=3";
+    if (kt_pool_set_spin(pool, -2) != KT_EINVAL || kt_pool_set_spin(pool, (1 << 24) + 1) != KT_EINVAL ||
+        kt_pool_set_spin(NULL, 0) != KT_EINVAL) {
+        printf("FAIL %s: bad spin counts accepted\n", name);
+    } else {
+        double spinning = idle_cpu_ms(pool, 1 << 24, c), sleeping = idle_cpu_ms(pool, 0, c);
+        int ok = 1;
+        for (int rep = 0; rep < 300 && ok; rep++) {     /* every job wakes sleeping workers */
+            reset(c, 3, 0);
+            kt_pool_run(pool, count_task, c, 1 + rep % 7);
+            ok = each_once(c, 1 + rep % 7, name);
+        }
+        if (ok && (sleeping > 15.0 || spinning < 30.0))
+            printf("FAIL %s: idle CPU %.1f ms sleeping, %.1f ms spinning\n", name, sleeping, spinning);
+        else if (ok)
+            printf("ok %s\n", name);
+    }
+    kt_pool_free(pool);
+}
+
 int main(void)
 {
     static struct counts c;
@@ -128,5 +174,6 @@ int main(void)
         check_async(pool, thread_counts[i], &c);
         kt_pool_free(pool);
     }
+    check_spin(&c);
     return 0;
 }

@@ -6,9 +6,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from kt_cli.errors import KtError
 from kt_cli.ops import Pool
+from kt_cli.ops.linear import linear as linear_on
+from kt_weights.layout import Format, QMatrix
 
 HERE = Path(__file__).resolve().parent
 NATIVE = HERE.parents[1] / "native"
@@ -29,7 +32,7 @@ def harness_lines(tmp_path_factory) -> list[str]:
 
 CHECKS = [f"{kind} threads={n}" for n in (1, 2, 3, 8) for kind in ("sync repeated", "async", "async then sync")]
 CHECKS += [f"sync threads={n} tasks={t}" for n in (1, 2, 3, 8) for t in (0, 1, 2, 7, 64, 5000)]
-CHECKS += ["bad sizes"]
+CHECKS += ["bad sizes", "spin control threads=3"]
 
 
 @pytest.mark.parametrize("check", CHECKS)
@@ -48,3 +51,12 @@ def test_python_pool_rejects_bad_thread_counts(ops, threads):
 def test_python_pool_reports_threads(ops):
     assert Pool(ops.kernels, 2).threads == 2
     assert ops.kernels.lib.kt_pool_threads(ops.pool.handle) == ops.threads
+
+
+def test_python_pool_spin_control(ops):
+    pool = Pool(ops.kernels, 2)
+    with pool.sleeping_workers():
+        assert linear_on(pool, torch.ones(1, 8), QMatrix(Format.F32, 4, 8, torch.ones(4, 8))).eq(8).all()
+    for bad in (-2, 1 << 25, 1.5):
+        with pytest.raises(KtError, match="spin rounds"):
+            pool.set_spin(bad)
