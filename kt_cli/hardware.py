@@ -118,6 +118,85 @@ def _numa_nodes() -> int:
     return max(count, 1)
 
 
+@dataclass(frozen=True)
+class NumaNode:
+    id: int
+    cpus: tuple[int, ...]     # one CPU of each physical core first, then their SMT siblings
+
+
+SYSFS_NODES = Path("/sys/devices/system/node")
+SYSFS_CPUS = Path("/sys/devices/system/cpu")
+MAX_CPU_ID = 1 << 20
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """A kernel cpu/node list such as "0-3,8-11" -> (0, 1, 2, 3, 8, 9, 10, 11);
+    "" (an empty node) -> (). ValueError when malformed."""
+    ids: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if not 0 <= first <= last < MAX_CPU_ID:
+            raise ValueError(f"bad range {part!r} in cpu list {text.strip()!r}")
+        ids.update(range(first, last + 1))
+    return tuple(sorted(ids))
+
+
+def numa_topology(nodes_root: Path = SYSFS_NODES, cpus_root: Path = SYSFS_CPUS) -> tuple[NumaNode, ...]:
+    """The online NUMA nodes that have CPUs, from sysfs. One node holding every CPU
+    this process may run on when sysfs is missing, unreadable or malformed."""
+    try:
+        nodes = _sysfs_nodes(nodes_root)
+    except (OSError, ValueError):
+        nodes = ()
+    if not nodes:
+        return (NumaNode(0, _core_order(allowed_cpus(), cpus_root)),)
+    return tuple(NumaNode(n, _core_order(cpus, cpus_root)) for n, cpus in nodes)
+
+
+@lru_cache(maxsize=1)
+def system_numa_topology() -> tuple[NumaNode, ...]:
+    return numa_topology()
+
+
+def _sysfs_nodes(root: Path) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    online_file = root / "online"
+    online = set(parse_cpulist(online_file.read_text())) if online_file.exists() else None
+    found = []
+    for path in root.glob("node[0-9]*"):
+        node = int(path.name[4:])
+        if online is not None and node not in online:
+            continue
+        cpus = parse_cpulist((path / "cpulist").read_text())
+        if cpus:
+            found.append((node, cpus))
+    return tuple(sorted(found))
+
+
+def allowed_cpus() -> tuple[int, ...]:
+    """The CPUs this process may run on (its affinity: taskset, cgroup cpusets)."""
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return tuple(range(os.cpu_count() or 1))
+
+
+def _core_order(cpus: tuple[int, ...], cpus_root: Path) -> tuple[int, ...]:
+    """cpus with the first thread of each physical core ahead of its siblings, so
+    taking the first k CPUs spreads over k cores wherever the kernel numbers siblings."""
+    firsts, siblings = [], []
+    for cpu in cpus:
+        try:
+            text = (cpus_root / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text()
+            group = parse_cpulist(text)
+        except (OSError, ValueError):
+            group = ()
+        (siblings if group and cpu != group[0] else firsts).append(cpu)
+    return tuple(firsts + siblings)
+
+
 def _xcr0_and_amx() -> tuple[int, bool]:
     from . import kernels
     lib = kernels.load_generic()
