@@ -50,6 +50,22 @@ int kt_pool_set_spin(kt_pool *pool, int32_t rounds);
  * the tile state; disabling always succeeds. */
 int kt_pool_set_amx_tiles(kt_pool *pool, int enabled);
 
+/* ---- NUMA placement (Linux; KT_EUNSUPPORTED elsewhere) ------------------------
+ * kt_pool_pin_workers pins the pool's worker threads, never the caller's:
+ * worker w (kt_pool_run's thread w + 1, an async job's thread w) to the one CPU
+ * cpus[w % n_cpus]. Every cpu must be in 0..1023; KT_EINVAL when an argument is
+ * out of range or the OS refuses a CPU (offline, outside this process's cpuset),
+ * after pinning the workers it could.
+ * kt_mem_interleave spreads the whole pages inside [addr, addr + bytes) round-robin
+ * over the NUMA nodes `nodes` (ids 0..1023), moving pages already allocated: one
+ * copy of the data, split across the nodes' memory. Partial pages at either end
+ * are left alone; a range without a whole page is KT_OK. KT_EUNSUPPORTED when the
+ * kernel refuses the call (no NUMA support, or a sandbox: ENOSYS, EPERM), KT_ENOMEM
+ * when it runs out of memory or memory mappings, KT_EINVAL for a bad range. */
+
+int kt_pool_pin_workers(kt_pool *pool, const int32_t *cpus, int32_t n_cpus);
+int kt_mem_interleave(void *addr, int64_t bytes, const int32_t *nodes, int32_t n_nodes);
+
 /* ---- memory bandwidth probe ---------------------------------------------------
  * Reads a private buffer of n_bytes `repeats` times across the pool's threads and
  * returns the best pass in GB/s (1e9 bytes/s); negative on failure. */

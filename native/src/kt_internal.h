@@ -6,6 +6,7 @@
 #ifndef KT_INTERNAL_H
 #define KT_INTERNAL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "kt.h"
@@ -32,6 +33,11 @@ void kt_pool_run(kt_pool *pool, kt_task_fn fn, void *ctx, int64_t n_tasks);
  * tasks. kt_pool_wait blocks until they are done. KT_EBUSY if a job is running. */
 int kt_pool_run_async(kt_pool *pool, kt_task_fn fn, void *ctx, int64_t n_tasks);
 int kt_pool_wait(kt_pool *pool);
+
+/* The pool's worker threads, for numa.c's pinning: how many, and worker w's
+ * thread (0 <= w < kt_pool_worker_count(pool)), valid while the pool lives. */
+int kt_pool_worker_count(const kt_pool *pool);
+pthread_t kt_pool_worker_thread(const kt_pool *pool, int w);
 
 /* ---- AMX tiles (amx variant) ---------------------------------------------------------
  * KT_AMX_BUILD: this build (the amx variant) compiles the AMX tile kernels. */

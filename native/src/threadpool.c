@@ -237,6 +237,16 @@ int kt_pool_threads(const kt_pool *pool)
     return pool ? pool->n_threads : 0;
 }
 
+int kt_pool_worker_count(const kt_pool *pool)
+{
+    return pool ? pool->n_workers : 0;
+}
+
+pthread_t kt_pool_worker_thread(const kt_pool *pool, int w)
+{
+    return pool->workers[w];
+}
+
 int kt_pool_set_spin(kt_pool *pool, int32_t rounds)
 {
     if (!pool || rounds < -1 || rounds > MAX_SPIN_ROUNDS)
