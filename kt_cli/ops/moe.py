@@ -2,7 +2,8 @@
 
 The C side borrows every weight tensor, so MoEExperts keeps the QMatrix lists
 alive for its own lifetime, and the input/output tensors of a submitted job
-until the job has been waited for.
+until the job has been waited for. Under a NUMA plan (ops/numa.py) the layer's expert
+tensors are interleaved over the nodes once, in place, when the layer is built.
 """
 
 import weakref
@@ -12,6 +13,7 @@ import torch
 
 from kt_weights.layout import Format, QMatrix
 
+from . import numa
 from .ffi_args import OpError, check_status, check_tensor, kt_matrix, pointer
 from .linear import kernel_layout
 
@@ -109,6 +111,7 @@ class MoEExperts:
         layout = kernel_layout if tiled else (lambda m: m)
         self.weights = tuple([layout(m) for m in mats] for mats in (gate, up, down))
         self._pool = (ops if ops is not None else _default_ops()).pool
+        self.numa_ranges = numa.interleave(self._pool.kernels, self._tensors(), self._pool.numa)
         self._native = self._build(activation, clamp_limit, alpha)
         weakref.finalize(self, self._native.release)
 
@@ -123,6 +126,10 @@ class MoEExperts:
         native = _Native(self._pool, desc, arrays)
         _check(native.handle != ffi.NULL, "the native MoE operator refused this layer's descriptor")
         return native
+
+    def _tensors(self) -> list[torch.Tensor]:
+        mats = [m for group in self.weights for m in group]
+        return [t for m in mats for t in (m.data, m.scale, m.min) if t is not None]
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H] f32, ids [T, K] int32 (< 0: skipped), weights [T, K] f32 -> [T, H] f32."""

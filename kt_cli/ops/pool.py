@@ -2,13 +2,19 @@
 
 AMX tiles: the amx variant's tile path (BF16/I8 weights, >= 16 tokens) has not yet
 been verified on AMX hardware, so a pool uses it only when asked: amx_tiles=True,
-or by default when the environment sets KT_AMX_TILES=1 and the variant is amx."""
+or by default when the environment sets KT_AMX_TILES=1 and the variant is amx.
+
+NUMA (ops/numa.py): on hosts with several nodes, or under KT_NUMA=interleave, a new
+pool pins its workers round-robin over the nodes' CPUs; a refusal only warns."""
 
 import os
+from collections.abc import Sequence
 from contextlib import contextmanager
 
 from ..kernels import Kernels
+from . import numa as _numa
 from .ffi_args import OpError, check, check_status
+from .numa import NumaPlan
 
 AMX_ENV = "KT_AMX_TILES"
 AMX_VARIANT = "amx"
@@ -18,7 +24,8 @@ class Pool:
     """One kt_pool of `threads` threads (the caller counts as one), freed with this object.
     A pool belongs to the library (variant) that made it: pass it only to that library."""
 
-    def __init__(self, kernels: Kernels, threads: int, amx_tiles: bool | None = None):
+    def __init__(self, kernels: Kernels, threads: int, amx_tiles: bool | None = None,
+                 numa: NumaPlan | None = None):
         check(isinstance(threads, int) and 1 <= threads <= 4096,
               f"thread count must be an integer in 1..4096, got {threads!r}")
         raw = kernels.lib.kt_pool_new(threads)
@@ -32,6 +39,24 @@ class Pool:
             check(kernels.variant == AMX_VARIANT,
                   f"AMX tiles need the {AMX_VARIANT} kernel variant, this pool runs {kernels.variant}")
             check_status(kernels.lib.kt_pool_set_amx_tiles(self.handle, 1), "kt_pool_set_amx_tiles")
+        self.numa = numa if numa is not None else _numa.current_plan()
+        if self.numa.active:
+            self._spread_workers()
+
+    def pin_workers(self, cpus: Sequence[int]) -> None:
+        """Pins the worker threads, not the caller's: worker w to cpus[w % len(cpus)]."""
+        cpus = list(cpus)
+        check(len(cpus) > 0 and all(type(c) is int and 0 <= c < 1024 for c in cpus),
+              f"worker CPUs must be a non-empty list of integers in 0..1023, got {cpus!r}")
+        ffi, lib = self.kernels.ffi, self.kernels.lib
+        check_status(lib.kt_pool_pin_workers(self.handle, ffi.new("int32_t[]", cpus), len(cpus)),
+                     "kt_pool_pin_workers")
+
+    def _spread_workers(self) -> None:
+        try:
+            self.pin_workers(self.numa.worker_cpus)
+        except OpError as exc:
+            _numa.warn_once("pin", f"could not pin kt's workers to the NUMA nodes' CPUs ({exc}); they run unpinned")
 
     def set_spin(self, rounds: int) -> None:
         """Pause rounds an idle worker polls before sleeping (kt.h kt_pool_set_spin; -1 the default)."""

@@ -1,0 +1,309 @@
+"""NUMA placement (native/src/numa.c, kt_cli/ops/numa.py): worker pinning checked
+by sched_getcpu() inside tasks and by the OS's affinity masks; page interleaving
+checked by the kernel's own get_mempolicy() and /proc/self/numa_maps; the plan
+KT_NUMA picks; and that a one-node host without KT_NUMA calls nothing at all.
+What needs several nodes to mean anything is skipped with that reason."""
+
+import ctypes
+import os
+import platform
+import shutil
+import subprocess
+from collections import Counter
+from mmap import PAGESIZE
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kt_cli import hardware
+from kt_cli.errors import KtError
+from kt_cli.kernels import Kernels
+from kt_cli.ops import Pool, numa
+from kt_cli.ops.moe import MoEExperts
+from kt_cli.ops.numa import NO_PLACEMENT, NumaError, NumaPlan
+from kt_weights.layout import Format, QMatrix
+
+HERE = Path(__file__).resolve().parent
+NATIVE = HERE.parents[1] / "native"
+TARGET_CPU = max(os.sched_getaffinity(0))
+MPOL_DEFAULT, MPOL_INTERLEAVE, MPOL_F_ADDR = 0, 3, 1 << 1          # Linux uapi <linux/mempolicy.h>
+SYS_GET_MEMPOLICY = {"x86_64": 239, "aarch64": 236}                 # asm/unistd.h
+KT_EINVAL, KT_EUNSUPPORTED = -1, -4
+TWO_NODES = (hardware.NumaNode(0, (0,)), hardware.NumaNode(1, (1,)))
+
+
+# ---- worker pinning -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def harness_lines(tmp_path_factory) -> list[str]:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("needs a C compiler (cc) to build the NUMA harness")
+    exe = tmp_path_factory.mktemp("numa") / "numa_harness"
+    subprocess.run([cc, "-O2", "-std=c11", "-pthread", "-Wall", "-I", str(NATIVE / "include"),
+                    "-I", str(NATIVE / "src"), str(HERE / "numa_harness.c"), str(NATIVE / "src" / "threadpool.c"),
+                    str(NATIVE / "src" / "numa.c"), "-o", str(exe)], check=True)
+    result = subprocess.run([str(exe), str(TARGET_CPU)], capture_output=True, text=True, timeout=60, check=True)
+    return result.stdout.splitlines()
+
+
+HARNESS_CHECKS = ["pinned async threads=1", "pinned sync threads=2", "pinned async threads=2",
+                  "pinned sync threads=3", "pinned async threads=3", "caller affinity untouched"]
+
+
+@pytest.mark.parametrize("check", HARNESS_CHECKS)
+def test_pinned_workers_run_their_tasks_on_that_cpu(harness_lines, check):
+    failures = [line for line in harness_lines if line.startswith(f"FAIL {check}")]
+    assert not failures, failures
+    assert f"ok {check}" in harness_lines
+
+
+def thread_ids() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def pool_and_workers(kernels, threads: int, plan: NumaPlan = NO_PLACEMENT) -> tuple[Pool, set[int]]:
+    before = thread_ids()
+    pool = Pool(kernels, threads, numa=plan)
+    return pool, thread_ids() - before
+
+
+def test_pin_workers_sets_every_worker_and_not_the_caller(ops):
+    caller = os.sched_getaffinity(0)
+    pool, workers = pool_and_workers(ops.kernels, 3)
+    assert len(workers) == 2
+    pool.pin_workers([TARGET_CPU])
+    assert all(os.sched_getaffinity(tid) == {TARGET_CPU} for tid in workers)
+    assert os.sched_getaffinity(0) == caller
+
+
+def test_plan_spreads_workers_round_robin(ops):
+    cpus = tuple(sorted(os.sched_getaffinity(0)))
+    plan = NumaPlan((0,), cpus)
+    pool, workers = pool_and_workers(ops.kernels, 4, plan)
+    got = Counter(frozenset(os.sched_getaffinity(tid)) for tid in workers)
+    assert got == Counter(frozenset({cpus[w % len(cpus)]}) for w in range(3))
+
+
+@pytest.mark.parametrize("cpus", [[], [-1], [1024], [0, 2.0], "0"])
+def test_pin_workers_refuses_bad_cpus(ops, cpus):
+    with pytest.raises(KtError, match="worker CPUs"):
+        Pool(ops.kernels, 2, numa=NO_PLACEMENT).pin_workers(cpus)
+
+
+def test_native_pin_refuses_bad_arguments(ops):
+    ffi, lib = ops.kernels.ffi, ops.kernels.lib
+    pool = Pool(ops.kernels, 2, numa=NO_PLACEMENT)
+    good = ffi.new("int32_t[]", [0])
+    assert lib.kt_pool_pin_workers(ffi.NULL, good, 1) == KT_EINVAL
+    assert lib.kt_pool_pin_workers(pool.handle, ffi.NULL, 1) == KT_EINVAL
+    for n in (0, -1):
+        assert lib.kt_pool_pin_workers(pool.handle, good, n) == KT_EINVAL
+    for cpu in (-1, 1024, 1 << 30):
+        assert lib.kt_pool_pin_workers(pool.handle, ffi.new("int32_t[]", [0, cpu]), 2) == KT_EINVAL
+
+
+def test_a_cpu_outside_this_process_is_refused_by_the_os(ops):
+    outside = sorted(set(range(1024)) - os.sched_getaffinity(0))[-1]
+    with pytest.raises(KtError, match="kt_pool_pin_workers failed"):
+        Pool(ops.kernels, 2, numa=NO_PLACEMENT).pin_workers([outside])
+
+
+# ---- interleaved pages --------------------------------------------------------------
+
+def mempolicy(addr: int) -> int:
+    number = SYS_GET_MEMPOLICY.get(platform.machine())
+    if number is None:
+        pytest.skip(f"needs x86-64 or aarch64 (the get_mempolicy syscall number), this is {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    mode = ctypes.c_int(-1)
+    rc = libc.syscall(ctypes.c_long(number), ctypes.byref(mode), None, ctypes.c_ulong(0),
+                      ctypes.c_void_p(addr), ctypes.c_ulong(MPOL_F_ADDR))
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    return mode.value
+
+
+def numa_maps_policy(addr: int) -> str:
+    """The policy /proc/self/numa_maps shows for the mapping that starts at addr."""
+    for line in Path("/proc/self/numa_maps").read_text().splitlines():
+        start, policy = line.split()[:2]
+        if int(start, 16) == addr:
+            return policy
+    return "(no mapping starts there)"
+
+
+def page_aligned(pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A torch buffer of `pages` pages starting on a page boundary, inside its own allocation."""
+    raw = torch.empty((pages + 2) * PAGESIZE, dtype=torch.uint8)
+    skip = -raw.data_ptr() % PAGESIZE + PAGESIZE
+    return raw, raw[skip:skip + pages * PAGESIZE]
+
+
+def interleave_raw(kernels, addr: int, size: int, nodes: list[int]) -> int:
+    ffi, lib = kernels.ffi, kernels.lib
+    return lib.kt_mem_interleave(ffi.cast("void *", addr), size, ffi.new("int32_t[]", nodes), len(nodes))
+
+
+def test_interleave_sets_the_policy_of_the_whole_pages_only(ops):
+    raw, buf = page_aligned(8)
+    buf.copy_(torch.randint(0, 256, buf.shape, dtype=torch.uint8))
+    before, ptr = buf.clone(), buf.data_ptr()
+    rc = interleave_raw(ops.kernels, ptr + 100, 7 * PAGESIZE, [0])   # pages 1..6 whole, 0 and 7 partial
+    if rc == KT_EUNSUPPORTED:
+        pytest.skip("needs a kernel with NUMA support that lets this process call mbind (refused here)")
+    assert rc == 0
+    assert [mempolicy(ptr + p * PAGESIZE) for p in range(8)] == [MPOL_DEFAULT] + [MPOL_INTERLEAVE] * 6 + [MPOL_DEFAULT]
+    assert numa_maps_policy(ptr + PAGESIZE) == "interleave:0"
+    assert buf.data_ptr() == ptr and torch.equal(buf, before)
+    del raw
+
+
+def test_interleave_without_a_whole_page_touches_nothing(ops):
+    raw, buf = page_aligned(2)
+    assert interleave_raw(ops.kernels, buf.data_ptr() + 1, PAGESIZE, [0]) == 0
+    assert mempolicy(buf.data_ptr()) == mempolicy(buf.data_ptr() + PAGESIZE) == MPOL_DEFAULT
+
+
+@pytest.mark.parametrize("nodes", [[], [-1], [1024], [0, 1 << 20]])
+def test_interleave_refuses_bad_nodes(ops, nodes):
+    _, buf = page_aligned(2)
+    assert interleave_raw(ops.kernels, buf.data_ptr(), buf.numel(), nodes) == KT_EINVAL
+
+
+def test_interleave_refuses_bad_ranges(ops):
+    ffi, lib = ops.kernels.ffi, ops.kernels.lib
+    _, buf = page_aligned(2)
+    nodes = ffi.new("int32_t[]", [0])
+    assert lib.kt_mem_interleave(ffi.NULL, PAGESIZE, nodes, 1) == KT_EINVAL
+    for size in (0, -1, -PAGESIZE):
+        assert lib.kt_mem_interleave(ffi.cast("void *", buf.data_ptr()), size, nodes, 1) == KT_EINVAL
+    assert lib.kt_mem_interleave(ffi.cast("void *", buf.data_ptr()), PAGESIZE, ffi.NULL, 1) == KT_EINVAL
+    assert lib.kt_mem_interleave(ffi.cast("void *", buf.data_ptr()), PAGESIZE, nodes, 1025) == KT_EINVAL
+    wraps = ffi.cast("void *", (1 << 64) - PAGESIZE)
+    assert lib.kt_mem_interleave(wraps, 2 * PAGESIZE, nodes, 1) == KT_EINVAL
+    unmapped = ffi.cast("void *", PAGESIZE)            # the kernel reports the hole (EFAULT)
+    assert lib.kt_mem_interleave(unmapped, 4 * PAGESIZE, nodes, 1) == KT_EINVAL
+
+
+def test_joined_spans():
+    raw = torch.zeros(4 * PAGESIZE, dtype=torch.uint8)
+    a, b, far = raw[:100], raw[200:300], raw[3 * PAGESIZE:]
+    base = raw.data_ptr()
+    assert numa.joined_spans([far, b, a]) == [(base, base + 300), (base + 3 * PAGESIZE, base + 4 * PAGESIZE)]
+    assert numa.joined_spans([raw[:0], raw.view(64, -1).t()]) == []       # empty and non-contiguous left out
+    assert numa.joined_spans([a, raw[:50]]) == [(base, base + 100)]      # overlapping views
+
+
+def test_interleave_failure_warns_once_and_places_nothing(ops, caplog, monkeypatch):
+    monkeypatch.setattr(numa, "_warned", set())
+    _, buf = page_aligned(4)
+    plan = NumaPlan((1023,), (0,))           # no such node: the kernel refuses
+    with caplog.at_level("WARNING", logger="kt.numa"):
+        assert numa.interleave(ops.kernels, [buf], plan) == 0
+        assert numa.interleave(ops.kernels, [buf], plan) == 0
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1 == len(caplog.records)
+    assert "could not interleave" in caplog.records[0].message
+
+
+# ---- the plan and what it calls ---------------------------------------------------------
+
+@pytest.mark.parametrize("env, topology, nodes", [
+    (None, TWO_NODES, (0, 1)), ("interleave", TWO_NODES, (0, 1)), ("off", TWO_NODES, ()),
+    (None, TWO_NODES[:1], ()), ("interleave", TWO_NODES[:1], (0,)), ("  Interleave ", TWO_NODES[:1], (0,)),
+])
+def test_plan_follows_kt_numa(monkeypatch, env, topology, nodes):
+    monkeypatch.setattr(hardware, "allowed_cpus", lambda: (0, 1))
+    monkeypatch.delenv(numa.ENV, raising=False)
+    if env is not None:
+        monkeypatch.setenv(numa.ENV, env)
+    assert numa.current_plan(topology).nodes == nodes
+
+
+def test_plan_spreads_over_nodes_and_keeps_to_allowed_cpus(monkeypatch):
+    monkeypatch.delenv(numa.ENV, raising=False)
+    topology = (hardware.NumaNode(0, (0, 1, 2, 8)), hardware.NumaNode(1, (4, 5)), hardware.NumaNode(2, (9,)))
+    monkeypatch.setattr(hardware, "allowed_cpus", lambda: (0, 1, 2, 4, 5, 8))
+    assert numa.current_plan(topology) == NumaPlan((0, 1), (0, 4, 1, 5, 2, 8))
+    monkeypatch.setattr(hardware, "allowed_cpus", lambda: (0, 1, 2))     # a cpuset of node 0 only
+    assert numa.current_plan(topology) == NO_PLACEMENT
+
+
+def test_bad_kt_numa_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv(numa.ENV, "spread")
+    with pytest.raises(NumaError, match="KT_NUMA must be 'interleave' or 'off'"):
+        numa.current_plan(TWO_NODES)
+
+
+@pytest.mark.parametrize("nodes, cpus", [((0,), ()), ((), (0,)), ((-1,), (0,)), ((0,), (1024,))])
+def test_plan_validated_at_construction(nodes, cpus):
+    with pytest.raises(NumaError):
+        NumaPlan(nodes, cpus)
+
+
+class SpyLib:
+    """The real library, with the placement entry points recorded (or refused)."""
+
+    def __init__(self, lib, refuse: bool):
+        self._lib, self._refuse, self.calls = lib, refuse, []
+
+    def __getattr__(self, name):
+        real = getattr(self._lib, name)
+        if name not in ("kt_pool_pin_workers", "kt_mem_interleave"):
+            return real
+
+        def spy(*args):
+            if self._refuse:
+                raise AssertionError(f"{name} called on a one-node host without KT_NUMA")
+            self.calls.append(name)
+            return real(*args)
+        return spy
+
+
+def tiny_experts(n: int = 4, hidden: int = 256, inter: int = 128) -> list[list[QMatrix]]:
+    g = torch.Generator().manual_seed(0)
+    mat = lambda rows, cols: QMatrix(Format.F32, rows, cols, torch.randn(rows, cols, generator=g))
+    return [[mat(inter, hidden) for _ in range(n)], [mat(inter, hidden) for _ in range(n)],
+            [mat(hidden, inter) for _ in range(n)]]
+
+
+def build_with(ops, monkeypatch, topology, env: str | None, refuse: bool) -> tuple[SpyLib, MoEExperts]:
+    monkeypatch.setattr(hardware, "system_numa_topology", lambda: topology)
+    monkeypatch.setattr(hardware, "allowed_cpus", lambda: tuple(sorted(os.sched_getaffinity(0))))
+    monkeypatch.delenv(numa.ENV, raising=False)
+    if env is not None:
+        monkeypatch.setenv(numa.ENV, env)
+    spy = SpyLib(ops.kernels.lib, refuse)
+    kernels = Kernels(ops.kernels.variant, ops.kernels.reason, ops.kernels.ffi, spy)
+    fake_ops = SimpleNamespace(pool=Pool(kernels, 3))
+    return spy, MoEExperts(*tiny_experts(), ops=fake_ops)
+
+
+def test_one_node_without_kt_numa_calls_nothing(ops, monkeypatch):
+    spy, experts = build_with(ops, monkeypatch, TWO_NODES[:1], None, refuse=True)
+    assert spy.calls == [] and experts.numa_ranges == 0
+    x = torch.randn(2, 256)
+    out = experts.forward(x, torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.ones(2, 2))
+    assert out.shape == (2, 256)
+
+
+@pytest.mark.parametrize("topology, env", [(TWO_NODES, None), (TWO_NODES[:1], "interleave")])
+def test_placement_pins_and_interleaves_when_planned(ops, monkeypatch, topology, env):
+    if len(os.sched_getaffinity(0)) < 2 and env is None:
+        pytest.skip("the fake two-node topology needs CPUs 0 and 1 in this process's affinity")
+    spy, experts = build_with(ops, monkeypatch, topology, env, refuse=False)
+    assert spy.calls[0] == "kt_pool_pin_workers" and spy.calls.count("kt_mem_interleave") == experts.numa_ranges
+    assert experts.numa_ranges >= 1
+
+
+def test_workers_spread_over_real_nodes(ops):
+    topology = hardware.system_numa_topology()
+    if len(topology) < 2:
+        pytest.skip("needs a machine with 2+ NUMA nodes")
+    plan = numa.current_plan(topology)
+    pool, workers = pool_and_workers(ops.kernels, 2 * len(topology) + 1, plan)
+    nodes_of = {cpu: n.id for n in topology for cpu in n.cpus}
+    used = Counter(nodes_of[next(iter(os.sched_getaffinity(tid)))] for tid in workers)
+    assert set(used) == {n.id for n in numa.usable_nodes(topology)}
