@@ -59,8 +59,22 @@ int kt_matrix_check(const kt_matrix *w)
 
 /* ---- float formats -------------------------------------------------------------- */
 
-#define FLOAT_TILE(RT, TT) float_tile(o, ldo, rowp, RT, x, w->cols, TT, fmt)
-#define BF16_DP_TILE(RT, TT) bf16_tile_dp(o, ldo, rowp, RT, xb, x, w->cols, TT)
+/* Rows [b0, b1) for the token tile at t0 (tt tokens): tiles of `rows` (4 or 2;
+ * 1 means single rows only) while they fit, then single rows. */
+#define ROW_TILES(TILE, rows, tt)                                             \
+    int64_t r = b0;                                                           \
+    for (; (rows) > 1 && r + (rows) <= b1; r += (rows)) {                     \
+        float *o = out + t0 * ldo + (r - r0);                                 \
+        if ((rows) == 4) { SWITCH_TT(TILE, 4, tt) } else { SWITCH_TT(TILE, 2, tt) } \
+    }                                                                         \
+    for (; r < b1; r++) {                                                     \
+        float *o = out + t0 * ldo + (r - r0);                                 \
+        SWITCH_TT(TILE, 1, tt)                                                \
+    }
+
+
+#define FLOAT_TILE(RT, TT) float_tile(o, ldo, (const char *)w->data + r * rb, rb, RT, x, w->cols, TT, fmt, ahead)
+#define BF16_DP_TILE(RT, TT) bf16_tile_dp(o, ldo, (const char *)w->data + r * rb, rb, RT, xb, x, w->cols, TT)
 #define SWITCH_TT(TILE, RT, tt)                                               \
     switch (tt) {                                                             \
     case 1: TILE(RT, 1); break;                                               \
@@ -72,26 +86,21 @@ int kt_matrix_check(const kt_matrix *w)
 KT_INLINE void float_block(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t b0,
                            int64_t b1, const kt_acts *a, const int32_t fmt)
 {
-    int64_t rb = kt_row_bytes(w);
+    const int64_t rb = kt_row_bytes(w);
     for (int64_t t0 = 0; t0 < a->m; t0 += TOKEN_TILE) {
         int tt = a->m - t0 < TOKEN_TILE ? (int)(a->m - t0) : TOKEN_TILE;
         const float *x = a->f32 + t0 * w->cols;
+        /* decode (one token): 4 rows a tile, four independent FMA chains, prefetching */
+        const int rows = a->m == 1 ? 4 : 2;
+        const int64_t ahead = a->m == 1 ? rows * rb : 0;
 #if defined(__AVX512BF16__)
         const uint16_t *xb = a->bf16 ? a->bf16 + t0 * w->cols : NULL;
-#endif
-        for (int64_t r = b0; r < b1; r += 2) {
-            int rt = b1 - r >= 2 ? 2 : 1;
-            const void *rowp[2] = {(const char *)w->data + r * rb,
-                                   (const char *)w->data + (r + rt - 1) * rb};
-            float *o = out + t0 * ldo + (r - r0);
-#if defined(__AVX512BF16__)
-            if (fmt == KT_BF16 && xb) {
-                if (rt == 2) { SWITCH_TT(BF16_DP_TILE, 2, tt) } else { SWITCH_TT(BF16_DP_TILE, 1, tt) }
-                continue;
-            }
-#endif
-            if (rt == 2) { SWITCH_TT(FLOAT_TILE, 2, tt) } else { SWITCH_TT(FLOAT_TILE, 1, tt) }
+        if (fmt == KT_BF16 && xb) {
+            ROW_TILES(BF16_DP_TILE, rows, tt)
+            continue;
         }
+#endif
+        ROW_TILES(FLOAT_TILE, rows, tt)
     }
 }
 
@@ -119,19 +128,6 @@ static void float_block_f16(float *o, int64_t l, const kt_matrix *w, int64_t r0,
 #define INT_ROWS(fmt) ((fmt) == KT_I4 ? 4 : 2)
 #define INT_TOKENS(fmt) ((fmt) == KT_I4 ? 2 : 4)
 #endif
-
-/* Rows [b0, b1) for the token tile at t0 (tt tokens): tiles of `rows` (4 or 2;
- * 1 means single rows only) while they fit, then single rows. */
-#define ROW_TILES(TILE, rows, tt)                                             \
-    int64_t r = b0;                                                           \
-    for (; (rows) > 1 && r + (rows) <= b1; r += (rows)) {                     \
-        float *o = out + t0 * ldo + (r - r0);                                 \
-        if ((rows) == 4) { SWITCH_TT(TILE, 4, tt) } else { SWITCH_TT(TILE, 2, tt) } \
-    }                                                                         \
-    for (; r < b1; r++) {                                                     \
-        float *o = out + t0 * ldo + (r - r0);                                 \
-        SWITCH_TT(TILE, 1, tt)                                                \
-    }
 
 #define INT_TILE(RT, TT) int_tile(o, ldo, w, r, RT, a, t0, TT, fmt, asym)
 

@@ -1,7 +1,7 @@
 /* simd_float.h: row kernels for the float weight formats (F32, BF16, F16),
  * included by linear.c only.
  *
- * float_tile computes a tile of RT weight rows (1 or 2) against TT tokens (1..4):
+ * float_tile computes a tile of RT weight rows (1, 2 or 4) against TT tokens (1..4):
  *   out[t * ldo + r] = dot(W row r, x[t]),  x[t] = x + t * cols
  * Each weight vector is loaded once per tile and used by all TT tokens; each
  * token vector is used by all RT rows. RT, TT and the format are compile-time
@@ -110,16 +110,27 @@ typedef float vf;
 
 /* ---- the tile ----------------------------------------------------------------------- */
 
-KT_INLINE void float_tile(float *out, int64_t ldo, const void *const *rows, const int RT,
-                          const float *x, int64_t cols, const int TT, const int32_t fmt)
+/* Decode streams each row once: while the tile reads a row's line, the line
+ * `ahead` bytes further (the next tile's rows, which follow in memory) is
+ * requested, as simd_int.h's prefetch_ahead does for the row layout; 0: no
+ * prefetch (token tiles after the first read the block from cache). */
+KT_INLINE void float_tile(float *out, int64_t ldo, const char *row0, int64_t row_bytes, const int RT,
+                          const float *x, int64_t cols, const int TT, const int32_t fmt, int64_t ahead)
 {
-    vf acc[2][4];
+    const int64_t wbytes = fmt == KT_F32 ? 4 : 2;
+    const void *rows[4];
+    for (int r = 0; r < RT; r++)
+        rows[r] = row0 + r * row_bytes;
+    vf acc[4][4];
     for (int r = 0; r < RT; r++)
         for (int t = 0; t < TT; t++)
             acc[r][t] = vf_zero();
     int64_t k = 0;
     for (; k + VF_N <= cols; k += VF_N) {
-        vf wv[2];
+        vf wv[4];
+        if (ahead && ((k * wbytes) & 63) == 0)
+            for (int r = 0; r < RT; r++)
+                __builtin_prefetch((const char *)rows[r] + k * wbytes + ahead);
         for (int r = 0; r < RT; r++)
             wv[r] = vf_load_w(rows[r], k, fmt);
         for (int t = 0; t < TT; t++) {
@@ -140,16 +151,19 @@ KT_INLINE void float_tile(float *out, int64_t ldo, const void *const *rows, cons
 #if defined(__AVX512BF16__)
 /* BF16 weights against bf16-rounded activations: vdpbf16ps multiplies 32 bf16
  * pairs and adds them into 16 f32 lanes. The tail uses the f32 activations. */
-KT_INLINE void bf16_tile_dp(float *out, int64_t ldo, const void *const *rows, const int RT,
+KT_INLINE void bf16_tile_dp(float *out, int64_t ldo, const char *row0, int64_t row_bytes, const int RT,
                             const uint16_t *xb, const float *x, int64_t cols, const int TT)
 {
-    __m512 acc[2][4];
+    const void *rows[4];
+    for (int r = 0; r < RT; r++)
+        rows[r] = row0 + r * row_bytes;
+    __m512 acc[4][4];
     for (int r = 0; r < RT; r++)
         for (int t = 0; t < TT; t++)
             acc[r][t] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 32 <= cols; k += 32) {
-        __m512i wv[2];
+        __m512i wv[4];
         for (int r = 0; r < RT; r++)
             wv[r] = _mm512_loadu_si512((const uint16_t *)rows[r] + k);
         for (int t = 0; t < TT; t++) {
