@@ -10,8 +10,10 @@ one warning and kt goes on unplaced: placement never changes results."""
 
 import logging
 import os
+from bisect import bisect_right
 from dataclasses import dataclass
 from mmap import PAGESIZE
+from pathlib import Path
 
 import torch
 
@@ -94,7 +96,7 @@ def interleave(kernels, tensors: list[torch.Tensor], plan: NumaPlan) -> int:
         return 0
     ffi, lib = kernels.ffi, kernels.lib
     nodes = ffi.new("int32_t[]", list(plan.nodes))
-    spans = joined_spans(tensors)
+    spans = join_spans(tensor_spans(tensors), anonymous_runs(_read_maps()))
     for placed, (start, end) in enumerate(spans):
         rc = lib.kt_mem_interleave(ffi.cast("void *", start), end - start, nodes, len(plan.nodes))
         if rc < 0:
@@ -104,19 +106,58 @@ def interleave(kernels, tensors: list[torch.Tensor], plan: NumaPlan) -> int:
     return len(spans)
 
 
-def joined_spans(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
-    """[start, end) byte ranges of the CPU tensors, sorted, with ranges less than a page
-    apart joined: each mbind range becomes its own kernel memory mapping, and a
-    process may hold only ~65k of them (DeepSeek-V3 has ~140k expert tensors)."""
-    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
-                   for t in tensors if t.device.type == "cpu" and t.is_contiguous() and t.numel() > 0)
+def tensor_spans(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """[start, end) bytes of the contiguous, non-empty CPU tensors, sorted."""
+    return sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+                  for t in tensors if t.device.type == "cpu" and t.is_contiguous() and t.numel() > 0)
+
+
+def join_spans(spans: list[tuple[int, int]], runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted spans joined where their pages touch, or where the gap between them lies
+    in one run of private anonymous memory (heap, malloc's mappings), never across
+    an unmapped hole. Each mbind range becomes its own kernel memory mapping and a
+    process may hold only ~65k (DeepSeek-V3 has ~90k expert tensors); the pages
+    of a gap (freed or unrelated memory) are interleaved too, which moves no value."""
+    run_starts = [lo for lo, _ in runs]
     joined: list[tuple[int, int]] = []
     for start, end in spans:
-        if joined and start - joined[-1][1] < PAGESIZE:
+        if joined and _joinable(joined[-1][1], start, runs, run_starts):
             joined[-1] = (joined[-1][0], max(joined[-1][1], end))
         else:
             joined.append((start, end))
     return joined
+
+
+def _joinable(prev_end: int, start: int, runs, run_starts) -> bool:
+    if start // PAGESIZE <= -(-prev_end // PAGESIZE):
+        return True
+    i = bisect_right(run_starts, prev_end - 1) - 1
+    return i >= 0 and runs[i][0] <= prev_end - 1 and start < runs[i][1]
+
+
+def anonymous_runs(maps: str) -> list[tuple[int, int]]:
+    """Address runs of adjacent private read-write anonymous mappings in a
+    /proc/PID/maps text ("lo-hi perms offset dev inode [name]")."""
+    runs: list[tuple[int, int]] = []
+    for line in maps.splitlines():
+        fields = line.split()
+        if len(fields) < 5 or fields[1] != "rw-p" or fields[4] != "0":
+            continue
+        if len(fields) > 5 and fields[5] != "[heap]" and not fields[5].startswith("[anon:"):
+            continue
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if runs and runs[-1][1] == lo:
+            runs[-1] = (runs[-1][0], hi)
+        else:
+            runs.append((lo, hi))
+    return runs
+
+
+def _read_maps() -> str:
+    try:
+        return Path("/proc/self/maps").read_text()
+    except OSError:
+        return ""
 
 
 def warn_once(kind: str, message: str) -> None:

@@ -188,13 +188,55 @@ def test_interleave_refuses_bad_ranges(ops):
     assert lib.kt_mem_interleave(unmapped, 4 * PAGESIZE, nodes, 1) == KT_EINVAL
 
 
-def test_joined_spans():
+def test_tensor_spans():
     raw = torch.zeros(4 * PAGESIZE, dtype=torch.uint8)
-    a, b, far = raw[:100], raw[200:300], raw[3 * PAGESIZE:]
+    a, far = raw[:100], raw[3 * PAGESIZE:]
     base = raw.data_ptr()
-    assert numa.joined_spans([far, b, a]) == [(base, base + 300), (base + 3 * PAGESIZE, base + 4 * PAGESIZE)]
-    assert numa.joined_spans([raw[:0], raw.view(64, -1).t()]) == []       # empty and non-contiguous left out
-    assert numa.joined_spans([a, raw[:50]]) == [(base, base + 100)]      # overlapping views
+    assert numa.tensor_spans([far, a]) == [(base, base + 100), (base + 3 * PAGESIZE, base + 4 * PAGESIZE)]
+    assert numa.tensor_spans([raw[:0], raw.view(64, -1).t()]) == []      # empty and non-contiguous left out
+
+
+P = PAGESIZE
+MAPS = f"""{10 * P:x}-{12 * P:x} rw-p 00000000 00:00 0                          [heap]
+{12 * P:x}-{14 * P:x} rw-p 00000000 00:00 0
+{20 * P:x}-{30 * P:x} rw-p 00000000 00:00 0
+{30 * P:x}-{32 * P:x} r--p 00000000 08:01 1234                       /usr/lib/libc.so.6
+{32 * P:x}-{40 * P:x} rw-p 00000000 00:00 0                          [stack]
+{40 * P:x}-{42 * P:x} rw-s 00000000 00:05 77                         /dev/shm/x
+{50 * P:x}-{52 * P:x} rw-p 00000000 00:00 0                          [anon:glibc malloc]
+{52 * P:x}-{54 * P:x} rw-p 00000000 00:00 0
+"""
+
+
+def test_anonymous_runs_keep_private_anonymous_memory_only():
+    assert numa.anonymous_runs(MAPS) == [(10 * P, 14 * P), (20 * P, 30 * P), (50 * P, 54 * P)]
+    assert numa.anonymous_runs("garbage\n\n") == []
+
+
+@pytest.mark.parametrize("spans, joined", [
+    ([(10 * P + 8, 11 * P + 5), (11 * P + 70, 12 * P)], [(10 * P + 8, 12 * P)]),         # pages touch
+    ([(10 * P, 10 * P + 9), (13 * P + 1, 13 * P + 9)], [(10 * P, 13 * P + 9)]),          # gap in one run
+    ([(12 * P, 13 * P), (21 * P, 22 * P)], [(12 * P, 13 * P), (21 * P, 22 * P)]),          # a hole between
+    ([(29 * P, 30 * P - 8), (33 * P, 34 * P)], [(29 * P, 30 * P - 8), (33 * P, 34 * P)]),  # a library between
+    ([(3 * P, 4 * P), (6 * P, 7 * P)], [(3 * P, 4 * P), (6 * P, 7 * P)]),                  # not anonymous memory
+    ([(20 * P, 25 * P), (21 * P, 22 * P)], [(20 * P, 25 * P)]),                            # overlapping views
+])
+def test_join_spans(spans, joined):
+    assert numa.join_spans(spans, numa.anonymous_runs(MAPS)) == joined
+
+
+def test_experts_of_a_layer_become_few_mappings(ops):
+    plan = NumaPlan((0,), (TARGET_CPU,))
+    pool = Pool(ops.kernels, 2, numa=plan)
+    g = torch.Generator().manual_seed(0)
+    i4 = lambda rows, cols: ops.quantize(torch.randn(rows, cols, generator=g), Format.I4, 32)
+    # quantized, then tiled copies: freed originals leave holes in the heap between experts
+    weights = [[i4(128, 512) for _ in range(16)], [i4(128, 512) for _ in range(16)], [i4(512, 128) for _ in range(16)]]
+    experts = MoEExperts(*weights, ops=SimpleNamespace(pool=pool))
+    if experts.numa_ranges == 0:
+        pytest.skip("needs a kernel with NUMA support that lets this process call mbind (refused here)")
+    assert experts.numa_ranges <= 3
+    assert all(mempolicy(t.data_ptr() + PAGESIZE) == MPOL_INTERLEAVE for t in experts._tensors())
 
 
 def test_interleave_failure_warns_once_and_places_nothing(ops, caplog, monkeypatch):
