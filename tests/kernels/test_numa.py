@@ -5,6 +5,7 @@ KT_NUMA picks; and that a one-node host without KT_NUMA calls nothing at all.
 What needs several nodes to mean anything is skipped with that reason."""
 
 import ctypes
+import mmap
 import os
 import platform
 import shutil
@@ -135,11 +136,11 @@ def numa_maps_policy(addr: int) -> str:
     return "(no mapping starts there)"
 
 
-def page_aligned(pages: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A torch buffer of `pages` pages starting on a page boundary, inside its own allocation."""
-    raw = torch.empty((pages + 2) * PAGESIZE, dtype=torch.uint8)
-    skip = -raw.data_ptr() % PAGESIZE + PAGESIZE
-    return raw, raw[skip:skip + pages * PAGESIZE]
+def page_aligned(pages: int) -> tuple[mmap.mmap, torch.Tensor]:
+    """A torch buffer of `pages` pages on a fresh anonymous mapping of its own (default
+    policy: heap memory may already carry an interleave policy from an earlier layer)."""
+    region = mmap.mmap(-1, pages * PAGESIZE)
+    return region, torch.frombuffer(region, dtype=torch.uint8)
 
 
 def interleave_raw(kernels, addr: int, size: int, nodes: list[int]) -> int:
@@ -148,7 +149,7 @@ def interleave_raw(kernels, addr: int, size: int, nodes: list[int]) -> int:
 
 
 def test_interleave_sets_the_policy_of_the_whole_pages_only(ops):
-    raw, buf = page_aligned(8)
+    region, buf = page_aligned(8)
     buf.copy_(torch.randint(0, 256, buf.shape, dtype=torch.uint8))
     before, ptr = buf.clone(), buf.data_ptr()
     rc = interleave_raw(ops.kernels, ptr + 100, 7 * PAGESIZE, [0])   # pages 1..6 whole, 0 and 7 partial
@@ -158,24 +159,23 @@ def test_interleave_sets_the_policy_of_the_whole_pages_only(ops):
     assert [mempolicy(ptr + p * PAGESIZE) for p in range(8)] == [MPOL_DEFAULT] + [MPOL_INTERLEAVE] * 6 + [MPOL_DEFAULT]
     assert numa_maps_policy(ptr + PAGESIZE) == "interleave:0"
     assert buf.data_ptr() == ptr and torch.equal(buf, before)
-    del raw
 
 
 def test_interleave_without_a_whole_page_touches_nothing(ops):
-    raw, buf = page_aligned(2)
+    region, buf = page_aligned(2)
     assert interleave_raw(ops.kernels, buf.data_ptr() + 1, PAGESIZE, [0]) == 0
     assert mempolicy(buf.data_ptr()) == mempolicy(buf.data_ptr() + PAGESIZE) == MPOL_DEFAULT
 
 
 @pytest.mark.parametrize("nodes", [[], [-1], [1024], [0, 1 << 20]])
 def test_interleave_refuses_bad_nodes(ops, nodes):
-    _, buf = page_aligned(2)
+    region, buf = page_aligned(2)
     assert interleave_raw(ops.kernels, buf.data_ptr(), buf.numel(), nodes) == KT_EINVAL
 
 
 def test_interleave_refuses_bad_ranges(ops):
     ffi, lib = ops.kernels.ffi, ops.kernels.lib
-    _, buf = page_aligned(2)
+    region, buf = page_aligned(2)
     nodes = ffi.new("int32_t[]", [0])
     assert lib.kt_mem_interleave(ffi.NULL, PAGESIZE, nodes, 1) == KT_EINVAL
     for size in (0, -1, -PAGESIZE):
@@ -241,7 +241,7 @@ def test_experts_of_a_layer_become_few_mappings(ops):
 
 def test_interleave_failure_warns_once_and_places_nothing(ops, caplog, monkeypatch):
     monkeypatch.setattr(numa, "_warned", set())
-    _, buf = page_aligned(4)
+    region, buf = page_aligned(4)
     plan = NumaPlan((1023,), (0,))           # no such node: the kernel refuses
     with caplog.at_level("WARNING", logger="kt.numa"):
         assert numa.interleave(ops.kernels, [buf], plan) == 0
