@@ -83,9 +83,19 @@ def _cpu_section(checks: list[Check]) -> dict:
         checks.append(Check("os support", "warn", "CPU has but OS does not enable: " + ", ".join(hidden),
                             "the kernel or hypervisor disables this state; kt uses a lower variant"))
     checks.append(Check("cpu", "ok", f"{facts.brand}, {facts.physical_cores} physical cores"))
+    checks.append(_numa_check())
     return {"model": facts.brand, "arch": facts.arch, "physical_cores": facts.physical_cores,
             "logical_cores": facts.logical_cores, "numa_nodes": facts.numa_nodes,
             "xcr0": facts.xcr0, "features": features}
+
+
+def _numa_check() -> Check:
+    from .ops import numa
+    topology = hardware.system_numa_topology()
+    try:
+        return Check("numa", "ok", numa.describe(numa.current_plan(topology), topology))
+    except KtError as exc:
+        return Check("numa", "warn", str(exc), "set KT_NUMA=interleave or off, or unset it")
 
 
 def _kernel_section(checks: list[Check]) -> dict:

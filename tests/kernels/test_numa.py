@@ -349,3 +349,15 @@ def test_workers_spread_over_real_nodes(ops):
     nodes_of = {cpu: n.id for n in topology for cpu in n.cpus}
     used = Counter(nodes_of[next(iter(os.sched_getaffinity(tid)))] for tid in workers)
     assert set(used) == {n.id for n in numa.usable_nodes(topology)}
+
+
+@pytest.mark.parametrize("env, status, detail", [
+    ("off", "ok", "no placement (KT_NUMA=off)"), ("interleave", "ok", "experts interleaved over nodes [0"),
+    ("both", "warn", "KT_NUMA must be"),
+])
+def test_doctor_shows_the_placement(monkeypatch, env, status, detail):
+    from kt_cli import doctor
+    monkeypatch.setattr(hardware, "system_numa_topology", lambda: TWO_NODES[:1])
+    monkeypatch.setenv(numa.ENV, env)
+    check = doctor._numa_check()
+    assert (check.name, check.status) == ("numa", status) and detail in check.detail
