@@ -96,7 +96,7 @@ def interleave(kernels, tensors: list[torch.Tensor], plan: NumaPlan) -> int:
         return 0
     ffi, lib = kernels.ffi, kernels.lib
     nodes = ffi.new("int32_t[]", list(plan.nodes))
-    spans = join_spans(tensor_spans(tensors), anonymous_runs(_read_maps()))
+    spans = join_spans(tensor_spans(tensors), mapped_runs(_read_maps()))
     for placed, (start, end) in enumerate(spans):
         rc = lib.kt_mem_interleave(ffi.cast("void *", start), end - start, nodes, len(plan.nodes))
         if rc < 0:
@@ -114,8 +114,7 @@ def tensor_spans(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
 
 def join_spans(spans: list[tuple[int, int]], runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Sorted spans joined where their pages touch, or where the gap between them lies
-    in one run of private anonymous memory (heap, malloc's mappings), never across
-    an unmapped hole. Each mbind range becomes its own kernel memory mapping and a
+    in one run of mapped memory (mapped_runs), never across an unmapped hole. Each mbind range becomes its own kernel memory mapping and a
     process may hold only ~65k (DeepSeek-V3 has ~90k expert tensors); the pages
     of a gap (freed or unrelated memory) are interleaved too, which moves no value."""
     run_starts = [lo for lo, _ in runs]
@@ -135,22 +134,35 @@ def _joinable(prev_end: int, start: int, runs, run_starts) -> bool:
     return i >= 0 and runs[i][0] <= prev_end - 1 and start < runs[i][1]
 
 
-def anonymous_runs(maps: str) -> list[tuple[int, int]]:
-    """Address runs of adjacent private read-write anonymous mappings in a
-    /proc/PID/maps text ("lo-hi perms offset dev inode [name]")."""
-    runs: list[tuple[int, int]] = []
+def mapped_runs(maps: str) -> list[tuple[int, int]]:
+    """Address runs without holes, from a /proc/PID/maps text ("lo-hi perms offset dev
+    inode [name]"): adjacent private anonymous mappings joined (heap, malloc's), and
+    each mapping of a regular file alone (checkpoints mapped copy-on-write). Stacks,
+    vdso and device mappings are left out."""
+    runs: list[tuple[int, int, bool]] = []
     for line in maps.splitlines():
-        fields = line.split()
-        if len(fields) < 5 or fields[1] != "rw-p" or fields[4] != "0":
-            continue
-        if len(fields) > 5 and fields[5] != "[heap]" and not fields[5].startswith("[anon:"):
+        fields = line.split(maxsplit=5)
+        kind = _mapping_kind(fields)
+        if kind is None:
             continue
         lo, hi = (int(x, 16) for x in fields[0].split("-"))
-        if runs and runs[-1][1] == lo:
-            runs[-1] = (runs[-1][0], hi)
+        if kind == "anon" and runs and runs[-1][2] and runs[-1][1] == lo:
+            runs[-1] = (runs[-1][0], hi, True)
         else:
-            runs.append((lo, hi))
-    return runs
+            runs.append((lo, hi, kind == "anon"))
+    return [(lo, hi) for lo, hi, _ in runs]
+
+
+def _mapping_kind(fields: list[str]) -> str | None:
+    if len(fields) < 5 or "-" not in fields[0]:
+        return None
+    name = fields[5].strip() if len(fields) > 5 else ""
+    if fields[4] == "0":
+        private_rw = fields[1] == "rw-p"
+        return "anon" if private_rw and (name in ("", "[heap]") or name.startswith("[anon:")) else None
+    if name.startswith("/") and (not name.startswith("/dev/") or name.startswith("/dev/shm/")):
+        return "file"
+    return None
 
 
 def _read_maps() -> str:

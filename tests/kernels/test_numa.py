@@ -201,28 +201,34 @@ MAPS = f"""{10 * P:x}-{12 * P:x} rw-p 00000000 00:00 0                          
 {12 * P:x}-{14 * P:x} rw-p 00000000 00:00 0
 {20 * P:x}-{30 * P:x} rw-p 00000000 00:00 0
 {30 * P:x}-{32 * P:x} r--p 00000000 08:01 1234                       /usr/lib/libc.so.6
-{32 * P:x}-{40 * P:x} rw-p 00000000 00:00 0                          [stack]
-{40 * P:x}-{42 * P:x} rw-s 00000000 00:05 77                         /dev/shm/x
+{32 * P:x}-{38 * P:x} rw-p 00000000 00:00 0                          [stack]
+{38 * P:x}-{42 * P:x} rw-s 00000000 00:05 77                         /dev/nvidia0
+{42 * P:x}-{48 * P:x} rw-p 00000000 08:01 99                         /models/my model.gguf
+{48 * P:x}-{50 * P:x} rw-p 00000000 00:00 0
 {50 * P:x}-{52 * P:x} rw-p 00000000 00:00 0                          [anon:glibc malloc]
 {52 * P:x}-{54 * P:x} rw-p 00000000 00:00 0
+{54 * P:x}-{56 * P:x} r--p 00000000 00:00 0
 """
 
 
-def test_anonymous_runs_keep_private_anonymous_memory_only():
-    assert numa.anonymous_runs(MAPS) == [(10 * P, 14 * P), (20 * P, 30 * P), (50 * P, 54 * P)]
-    assert numa.anonymous_runs("garbage\n\n") == []
+def test_mapped_runs():
+    assert numa.mapped_runs(MAPS) == [(10 * P, 14 * P), (20 * P, 30 * P), (30 * P, 32 * P), (42 * P, 48 * P),
+                                      (48 * P, 54 * P)]
+    assert numa.mapped_runs("garbage\n\nx y z\n") == []
 
 
 @pytest.mark.parametrize("spans, joined", [
     ([(10 * P + 8, 11 * P + 5), (11 * P + 70, 12 * P)], [(10 * P + 8, 12 * P)]),         # pages touch
     ([(10 * P, 10 * P + 9), (13 * P + 1, 13 * P + 9)], [(10 * P, 13 * P + 9)]),          # gap in one run
     ([(12 * P, 13 * P), (21 * P, 22 * P)], [(12 * P, 13 * P), (21 * P, 22 * P)]),          # a hole between
-    ([(29 * P, 30 * P - 8), (33 * P, 34 * P)], [(29 * P, 30 * P - 8), (33 * P, 34 * P)]),  # a library between
-    ([(3 * P, 4 * P), (6 * P, 7 * P)], [(3 * P, 4 * P), (6 * P, 7 * P)]),                  # not anonymous memory
+    ([(29 * P, 30 * P - 8), (31 * P, 31 * P + 8)], [(29 * P, 30 * P - 8), (31 * P, 31 * P + 8)]),  # two mappings
+    ([(43 * P, 43 * P + 8), (46 * P, 47 * P)], [(43 * P, 47 * P)]),                        # within one file
+    ([(38 * P, 38 * P + 8), (41 * P, 42 * P)], [(38 * P, 38 * P + 8), (41 * P, 42 * P)]),          # device
+    ([(3 * P, 4 * P), (6 * P, 7 * P)], [(3 * P, 4 * P), (6 * P, 7 * P)]),                  # not mapped
     ([(20 * P, 25 * P), (21 * P, 22 * P)], [(20 * P, 25 * P)]),                            # overlapping views
 ])
 def test_join_spans(spans, joined):
-    assert numa.join_spans(spans, numa.anonymous_runs(MAPS)) == joined
+    assert numa.join_spans(spans, numa.mapped_runs(MAPS)) == joined
 
 
 def test_experts_of_a_layer_become_few_mappings(ops):
