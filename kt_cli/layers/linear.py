@@ -37,16 +37,21 @@ class Target:
 GEMM_MIN_TOKENS = 16
 
 
-def cpu_linear(x: torch.Tensor, w: QMatrix) -> torch.Tensor:
-    """x [m, cols] f32 @ w.T -> [m, rows] f32, in w's stored format. Dense layers
+def dense_acts(m: int) -> str:
+    """The activations dense layers give I8/I4 weights for m tokens. Dense layers
     see every token of every layer, and int8 activations flipped near-ties in the
     output (SmolLM2 answered "What is the capital of France?" in French: "The" led
-    "L" by 0.08 logits in fp32), so they take int16 activations in decode (each
-    value within 1/65534 of its 32-block's largest: integer products, 2-3x fewer
-    instructions than converting every weight to float) and float32 from
-    GEMM_MIN_TOKENS tokens, where the GEMM reuses each dequantized weight panel.
-    Routed experts keep int8 activations (kt_cli.ops.moe)."""
-    return ops.linear(x, w, acts="int16" if x.shape[0] < GEMM_MIN_TOKENS else "f32")
+    "L" by 0.08 logits in fp32), so they take int16 in decode (each value within
+    1/65534 of its 32-block's largest: integer products, 2-3x fewer instructions
+    than converting every weight to float) and float32 from GEMM_MIN_TOKENS tokens,
+    where the GEMM reuses each dequantized weight panel. Routed experts keep int8
+    activations (kt_cli.ops.moe)."""
+    return "int16" if m < GEMM_MIN_TOKENS else "f32"
+
+
+def cpu_linear(x: torch.Tensor, w: QMatrix) -> torch.Tensor:
+    """x [m, cols] f32 @ w.T -> [m, rows] f32, in w's stored format (dense_acts)."""
+    return ops.linear(x, w, acts=dense_acts(x.shape[0]))
 
 
 class Linear(torch.nn.Module):
@@ -55,13 +60,20 @@ class Linear(torch.nn.Module):
         self.rows, self.cols = weight.rows, weight.cols
         self.target = target
         self.qweight = ops.kernel_layout(weight) if target.on_cpu else None
+        self.kernel = ops.BoundLinear(ops.pool(), self.qweight) if target.on_cpu else None
         self.weight = None if target.on_cpu else target.put(weight.dequantize())
         self.bias = None if bias is None else target.put(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., cols] -> [..., rows]"""
-        if self.qweight is None:
+        if self.kernel is None:
             return F.linear(x, self.weight, self.bias)
-        flat = x.reshape(-1, self.cols).to(torch.float32).contiguous()
-        y = cpu_linear(flat, self.qweight).to(x.dtype).reshape(*x.shape[:-1], self.rows)
+        flat = x.reshape(-1, self.cols)
+        if flat.dtype != torch.float32:
+            flat = flat.float()
+        y = self.kernel(flat.contiguous(), dense_acts(flat.shape[0]))
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        if x.dim() != 2:
+            y = y.reshape(*x.shape[:-1], self.rows)
         return y if self.bias is None else y + self.bias

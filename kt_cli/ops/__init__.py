@@ -5,6 +5,7 @@ API (implemented in this package's modules):
   pool()                                  the process-wide kt_pool (KT_THREADS threads)
   linear(x [m, cols] f32, w: QMatrix, acts="int8") -> [m, rows] f32 (acts: int8 | int16 | f32)
   kernel_layout(w: QMatrix) -> QMatrix    w tiled for the kernels where its shape allows (load time)
+  BoundLinear(pool, w)(x, acts="int8")    linear() with w's native descriptor built once (per-token layers)
   quantize(w [rows, cols] f32, fmt, group, symmetric=True) -> QMatrix   (native, all threads)
   quantize_rows_i8(x [rows, n] f32)       -> (q int8 [rows, n], scale f32 [rows])
   membw_read_gbps(n_bytes, repeats)       -> float
@@ -31,7 +32,7 @@ from . import linear as _linear
 from . import membw as _membw
 from . import quant as _quant
 from .ffi_args import OpError
-from .linear import kernel_layout
+from .linear import BoundLinear, kernel_layout
 from .pool import Pool
 
 
