@@ -18,8 +18,10 @@ class RMSNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.f32_weight and x.dtype == torch.float32:
-            inv_rms = torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True).add_(self.eps))
-            return (x * inv_rms).mul_(self.weight)
+            # sum then div_ is what torch.mean runs on the CPU (the same bits), without
+            # its dispatch layers: 6.5 vs 10 us a call in decode
+            mean_sq = torch.sum(x * x, dim=-1, keepdim=True).div_(x.shape[-1])
+            return (x * torch.rsqrt(mean_sq.add_(self.eps))).mul_(self.weight)
         xf = x.to(torch.float32)
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
