@@ -168,20 +168,6 @@ static void place_int_acts(kt_acts *a, int64_t m, const kt_matrix *w, char *scra
     a->q_group_sum = (float *)(scratch + codes + ALIGN64((size_t)m * n_act_blocks(w->cols) * 4));
 }
 
-static void prepare_int8(kt_acts *a, const float *x, int64_t m, const kt_matrix *w, char *scratch)
-{
-    int64_t nb = (int64_t)n_act_blocks(w->cols), n_groups = w->cols / w->group;
-    place_int_acts(a, m, w, scratch, 1);
-    for (int64_t t = 0; t < m; t++) {
-        int8_t *qt = a->q + t * w->cols;
-        float *st = a->q_scale + t * nb;
-        kt_quantize_blocks_i8(qt, st, x + t * w->cols, w->cols);
-        group_sums(a->q_group_sum + t * n_groups, qt, 1, st, w->cols, w->group);
-        if (w->format == KT_I4)
-            interleave_i4(qt, w->cols);
-    }
-}
-
 /* One token row in int16 blocks: q[k] = rint(x[k] / s_b), s_b = max |x| over block
  * b / 32767, so |x[k] - s_b * q[k]| <= max |x| / 65534 (NaN becomes 0). */
 static void quantize_blocks_i16(int16_t *q, float *scale, const float *x, int64_t n)
@@ -197,15 +183,26 @@ static void quantize_blocks_i16(int16_t *q, float *scale, const float *x, int64_
     }
 }
 
-static void prepare_int16(kt_acts *a, const float *x, int64_t m, const kt_matrix *w, char *scratch)
+/* codes of code_bytes (1: int8, 2: int16) for every token row, their block scales
+ * and group sums; int8 rows of I4 weights interleaved (interleave_i4) */
+static void prepare_int(kt_acts *a, const float *x, int64_t m, const kt_matrix *w, char *scratch,
+                        size_t code_bytes)
 {
-    int64_t nb = (int64_t)n_act_blocks(w->cols), n_groups = w->cols / w->group;
-    place_int_acts(a, m, w, scratch, 2);
+    int64_t cols = w->cols, nb = (int64_t)n_act_blocks(cols), n_groups = cols / w->group;
+    place_int_acts(a, m, w, scratch, code_bytes);
     for (int64_t t = 0; t < m; t++) {
-        int16_t *qt = a->q16 + t * w->cols;
         float *st = a->q_scale + t * nb;
-        quantize_blocks_i16(qt, st, x + t * w->cols, w->cols);
-        group_sums(a->q_group_sum + t * n_groups, qt, 2, st, w->cols, w->group);
+        void *qt;
+        if (code_bytes == 2) {
+            qt = a->q16 + t * cols;
+            quantize_blocks_i16(qt, st, x + t * cols, cols);
+        } else {
+            qt = a->q + t * cols;
+            kt_quantize_blocks_i8(qt, st, x + t * cols, cols);
+        }
+        group_sums(a->q_group_sum + t * n_groups, qt, code_bytes, st, cols, w->group);
+        if (code_bytes == 1 && w->format == KT_I4)
+            interleave_i4(qt, cols);
     }
 }
 
@@ -280,13 +277,13 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
         return KT_OK;
     }
     if (kind == KT_ACTS_INT16) {
-        prepare_int16(acts, x, m, w, scratch);
+        prepare_int(acts, x, m, w, scratch, 2);
         return KT_OK;
     }
     size_t panel_bytes = amx_bytes(w, m, amx_tiles);
     char *panels = panel_bytes ? (char *)scratch + (bytes - panel_bytes) : NULL;   /* the AMX panels go last */
     if (quantized(w->format)) {
-        prepare_int8(acts, x, m, w, scratch);
+        prepare_int(acts, x, m, w, scratch, 1);
         if (uses_amx(w, m, amx_tiles))
             amx_fill_i8(acts, panels, m, w->cols, w->group);
     } else if (uses_bf16_acts(w->format)) {

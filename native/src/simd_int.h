@@ -379,12 +379,19 @@ KT_INLINE int64_t act_at(int64_t k, int64_t cols, int32_t fmt)
     return piece == 1 ? k + 16 : k - 16;
 }
 
+/* Token t's activation code for column k: int16 (KT_ACTS_INT16) or int8 */
+KT_INLINE int32_t act_code(const kt_acts *a, int64_t t, int64_t k, int32_t fmt)
+{
+    if (a->q16)
+        return a->q16[t * a->cols + k];
+    return a->q[t * a->cols + act_at(k, a->cols, fmt)];
+}
+
 /* 16 columns a step: each inside one activation block and one weight group. */
 KT_INLINE void int_tile_portable(float dots[4][4], const int_rows *w, const int RT, const kt_acts *a,
                                  int64_t t0, const int TT, const int32_t fmt)
 {
     int64_t cols = a->cols, group = a->group, nb = (cols + 31) / 32;
-    const int8_t *q = a->q + t0 * cols;
     const float *sa = a->q_scale + t0 * nb;
     for (int i = 0; i < RT; i++)
         for (int t = 0; t < TT; t++)
@@ -394,7 +401,7 @@ KT_INLINE void int_tile_portable(float dots[4][4], const int_rows *w, const int 
             for (int t = 0; t < TT; t++) {
                 int32_t s = 0;
                 for (int64_t k = k0; k < k0 + 16; k++)
-                    s += code_at(w, i, k, fmt) * q[t * cols + act_at(k, cols, fmt)];
+                    s += code_at(w, i, k, fmt) * act_code(a, t0 + t, k, fmt);
                 dots[i][t] += (float)s * (sa[t * nb + k0 / 32] * w->scale[i][k0 / group]);
             }
         }
@@ -420,6 +427,29 @@ static inline float dot_f32(const float *a, const float *b, int64_t n)
     return s;
 }
 
+/* dots[i][t] before the zero-point term, by the widest kernel this build has */
+KT_INLINE void int_dots(float dots[4][4], const int_rows *rows, const int RT, const kt_acts *a, int64_t t0,
+                        const int TT, const int32_t fmt)
+{
+#if defined(__AVX2__)
+    if (a->q16) {
+        int16_tile(dots, rows, RT, a, t0, TT, fmt);
+        return;
+    }
+#endif
+#if defined(KT_INT_TILE_512)
+    if (a->cols % 64 == 0 && a->group % 32 == 0) {
+        int_tile_512(dots, rows, RT, a, t0, TT, fmt);
+        return;
+    }
+#endif
+#if defined(__AVX2__)
+    int_tile_256(dots, rows, RT, a, t0, TT, fmt);
+#else
+    int_tile_portable(dots, rows, RT, a, t0, TT, fmt);
+#endif
+}
+
 /* Rows [r, r + RT) of W against tokens [t0, t0 + TT): out[t * ldo + i] for row r + i.
  * The zero-point term (I4, asymmetric W) is, per row and token, the dot product of
  * the row's mins (or -8 * its scales) with the token's group sums. */
@@ -436,20 +466,7 @@ KT_INLINE void int_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r, 
         rows.min[i] = asym ? w->min + (r + i) * n_groups : NULL;
     }
     float dots[4][4];
-    if (a->q16)
-        int16_tile(dots, &rows, RT, a, t0, TT, fmt);
-#if defined(KT_INT_TILE_512)
-    else if (cols % 64 == 0 && group % 32 == 0)
-        int_tile_512(dots, &rows, RT, a, t0, TT, fmt);
-    else
-        int_tile_256(dots, &rows, RT, a, t0, TT, fmt);
-#elif defined(__AVX2__)
-    else
-        int_tile_256(dots, &rows, RT, a, t0, TT, fmt);
-#else
-    else
-        int_tile_portable(dots, &rows, RT, a, t0, TT, fmt);
-#endif
+    int_dots(dots, &rows, RT, a, t0, TT, fmt);
     if (asym || fmt == KT_I4) {
         const float *gsum = a->q_group_sum + t0 * n_groups;
         for (int i = 0; i < RT; i++)

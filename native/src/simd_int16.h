@@ -111,29 +111,5 @@ KT_INLINE void int16_tile(float dots[4][4], const int_rows *w, const int RT, con
             dots[i][t] = hsum_256(acc[i][t]);
 }
 
-#else /* portable */
-
-/* 16 columns a step: each inside one activation block and one weight group. */
-KT_INLINE void int16_tile(float dots[4][4], const int_rows *w, const int RT, const kt_acts *a, int64_t t0,
-                          const int TT, const int32_t fmt)
-{
-    int64_t cols = a->cols, group = a->group, nb = (cols + 31) / 32;
-    const int16_t *q = a->q16 + t0 * cols;
-    const float *sa = a->q_scale + t0 * nb;
-    for (int i = 0; i < RT; i++)
-        for (int t = 0; t < TT; t++)
-            dots[i][t] = 0.0f;
-    for (int64_t k0 = 0; k0 < cols; k0 += 16) {
-        for (int i = 0; i < RT; i++) {
-            for (int t = 0; t < TT; t++) {
-                int32_t s = 0;
-                for (int64_t k = k0; k < k0 + 16; k++)
-                    s += code_at(w, i, k, fmt) * q[t * cols + k];
-                dots[i][t] += (float)s * (sa[t * nb + k0 / 32] * w->scale[i][k0 / group]);
-            }
-        }
-    }
-}
-
-#endif
+#endif /* __AVX2__; the portable build runs int_tile_portable, which reads q16 too */
 #endif

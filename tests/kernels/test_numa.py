@@ -8,8 +8,6 @@ import ctypes
 import mmap
 import os
 import platform
-import shutil
-import subprocess
 from collections import Counter
 from mmap import PAGESIZE
 from pathlib import Path
@@ -26,8 +24,8 @@ from kt_cli.ops.moe import MoEExperts
 from kt_cli.ops.numa import NO_PLACEMENT, NumaError, NumaPlan
 from kt_weights.layout import Format, QMatrix
 
-HERE = Path(__file__).resolve().parent
-NATIVE = HERE.parents[1] / "native"
+from c_harness import run_harness
+
 TARGET_CPU = max(os.sched_getaffinity(0))
 MPOL_DEFAULT, MPOL_INTERLEAVE, MPOL_F_ADDR = 0, 3, 1 << 1          # Linux uapi <linux/mempolicy.h>
 SYS_GET_MEMPOLICY = {"x86_64": 239, "aarch64": 236}                 # asm/unistd.h
@@ -39,15 +37,7 @@ TWO_NODES = (hardware.NumaNode(0, (0,)), hardware.NumaNode(1, (1,)))
 
 @pytest.fixture(scope="module")
 def harness_lines(tmp_path_factory) -> list[str]:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("needs a C compiler (cc) to build the NUMA harness")
-    exe = tmp_path_factory.mktemp("numa") / "numa_harness"
-    subprocess.run([cc, "-O2", "-std=c11", "-pthread", "-Wall", "-I", str(NATIVE / "include"),
-                    "-I", str(NATIVE / "src"), str(HERE / "numa_harness.c"), str(NATIVE / "src" / "threadpool.c"),
-                    str(NATIVE / "src" / "numa.c"), "-o", str(exe)], check=True)
-    result = subprocess.run([str(exe), str(TARGET_CPU)], capture_output=True, text=True, timeout=60, check=True)
-    return result.stdout.splitlines()
+    return run_harness(tmp_path_factory.mktemp("numa"), "numa_harness", ["threadpool.c", "numa.c"], [str(TARGET_CPU)])
 
 
 HARNESS_CHECKS = ["pinned async threads=1", "pinned sync threads=2", "pinned async threads=2",

@@ -1,9 +1,6 @@
 """The thread pool's job API (kt_pool_run / _async / _wait) is internal to the C
 library, so a small C harness drives native/src/threadpool.c directly."""
 
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,21 +10,11 @@ from kt_cli.ops import Pool
 from kt_cli.ops.linear import linear as linear_on
 from kt_weights.layout import Format, QMatrix
 
-HERE = Path(__file__).resolve().parent
-NATIVE = HERE.parents[1] / "native"
-
+from c_harness import run_harness
 
 @pytest.fixture(scope="module")
 def harness_lines(tmp_path_factory) -> list[str]:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("needs a C compiler (cc) to build the pool harness")
-    exe = tmp_path_factory.mktemp("pool") / "pool_harness"
-    subprocess.run([cc, "-O2", "-std=c11", "-pthread", "-Wall", "-I", str(NATIVE / "include"),
-                    "-I", str(NATIVE / "src"), str(HERE / "pool_harness.c"),
-                    str(NATIVE / "src" / "threadpool.c"), "-o", str(exe)], check=True)
-    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True)
-    return result.stdout.splitlines()
+    return run_harness(tmp_path_factory.mktemp("pool"), "pool_harness", ["threadpool.c"])
 
 
 CHECKS = [f"{kind} threads={n}" for n in (1, 2, 3, 8) for kind in ("sync repeated", "async", "async then sync")]
