@@ -72,7 +72,6 @@ int kt_matrix_check(const kt_matrix *w)
         SWITCH_TT(TILE, 1, tt)                                                \
     }
 
-
 #define FLOAT_TILE(RT, TT) float_tile(o, ldo, (const char *)w->data + r * rb, rb, RT, x, w->cols, TT, fmt, ahead)
 #define BF16_DP_TILE(RT, TT) bf16_tile_dp(o, ldo, (const char *)w->data + r * rb, rb, RT, xb, x, w->cols, TT)
 #define SWITCH_TT(TILE, RT, tt)                                               \
