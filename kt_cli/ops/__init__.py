@@ -9,6 +9,7 @@ API (implemented in this package's modules):
   quantize(w [rows, cols] f32, fmt, group, symmetric=True) -> QMatrix   (native, all threads)
   quantize_rows_i8(x [rows, n] f32)       -> (q int8 [rows, n], scale f32 [rows])
   membw_read_gbps(n_bytes, repeats)       -> float
+  rms_norm(x [..., D] f32, w [D] or [H, D], eps) -> like x   (single-threaded, decode-sized)
   MoEExperts(gate, up, down, activation="silu", clamp_limit=0.0, alpha=1.0)
       .forward(x [T, H] f32, ids [T, K] int32, weights [T, K] f32) -> [T, H] f32
       .submit(x, ids, weights) -> MoEJob;  MoEJob.wait() -> [T, H] f32
@@ -30,6 +31,7 @@ from .. import hardware
 from ..kernels import Kernels, load
 from . import linear as _linear
 from . import membw as _membw
+from . import norm as _norm
 from . import quant as _quant
 from .ffi_args import OpError
 from .linear import BoundLinear, kernel_layout
@@ -55,6 +57,9 @@ class Ops:
 
     def quantize_rows_i8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _quant.quantize_rows_i8(self.kernels, x)
+
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        return _norm.rms_norm(self.kernels, x, w, eps)
 
     def membw_read_gbps(self, n_bytes: int = _membw.DEFAULT_BYTES,
                         repeats: int = _membw.DEFAULT_REPEATS) -> float:
@@ -86,5 +91,9 @@ def membw_read_gbps(n_bytes: int = _membw.DEFAULT_BYTES, repeats: int = _membw.D
     return default().membw_read_gbps(n_bytes, repeats)
 
 
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return default().rms_norm(x, w, eps)
+
+
 __all__ = ["Ops", "OpError", "Pool", "default", "pool", "linear", "quantize", "quantize_rows_i8",
-           "membw_read_gbps"]
+           "membw_read_gbps", "rms_norm"]

@@ -151,6 +151,14 @@ enum kt_acts_kind { KT_ACTS_INT8 = 0, KT_ACTS_F32 = 1, KT_ACTS_INT16 = 2 };
 
 int kt_linear(kt_pool *pool, float *out, const float *x, int64_t m, const kt_matrix *w, int32_t acts);
 
+/* ---- RMSNorm -------------------------------------------------------------------
+ * out (rows, cols) = x / sqrt(mean(x^2 over the row) + eps) * w[r % w_rows], all
+ * float32 (w: w_rows rows of cols, e.g. one per attention head); the mean is
+ * accumulated in double. Single-threaded: meant for decode-sized inputs. */
+
+int kt_rmsnorm_f32(float *out, const float *x, const float *w, int64_t rows, int64_t cols, int64_t w_rows,
+                   float eps);
+
 /* ---- fused MoE experts ------------------------------------------------------------
  * One MoE layer's routed experts. Expert e computes
  *   y_e(x) = down_e( act(gate_e x) * (up_e x) )
