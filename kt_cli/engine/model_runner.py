@@ -1,6 +1,6 @@
 """Scheduled chunks -> ForwardBatch -> model -> logits -> sampled tokens. Owns the KV cache."""
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Protocol
 
 import torch
@@ -56,20 +56,19 @@ class ModelRunner:
 
     @contextmanager
     def _torch_threads(self, n_tokens: int):
-        """Steps of WIDE_STEP_TOKENS tokens or more run torch on prefill_threads threads,
-        and kt's idle workers sleep at once instead of spinning on the cores torch's
-        threads need between kt's kernels."""
+        """Steps of WIDE_STEP_TOKENS tokens or more run torch on prefill_threads threads;
+        when that is more than one, kt's idle workers sleep at once instead of spinning
+        on the cores torch's threads need between kt's kernels."""
         before = torch.get_num_threads()
-        wide = self.prefill_threads is not None and n_tokens >= WIDE_STEP_TOKENS and self.prefill_threads != before
-        if not wide:
+        wide = self.prefill_threads is not None and n_tokens >= WIDE_STEP_TOKENS
+        threads = self.prefill_threads if wide else before
+        with ExitStack() as stack:
+            if threads != before:
+                torch.set_num_threads(threads)
+                stack.callback(torch.set_num_threads, before)
+            if wide and threads > 1:
+                stack.enter_context(ops.pool().sleeping_workers())
             yield
-            return
-        torch.set_num_threads(self.prefill_threads)
-        try:
-            with ops.pool().sleeping_workers():
-                yield
-        finally:
-            torch.set_num_threads(before)
 
     @torch.inference_mode()
     def logits(self, chunks: list[ScheduledChunk], first: int = 0) -> torch.Tensor:
