@@ -49,11 +49,6 @@ def dense_acts(m: int) -> str:
     return "int16" if m < GEMM_MIN_TOKENS else "f32"
 
 
-def cpu_linear(x: torch.Tensor, w: QMatrix) -> torch.Tensor:
-    """x [m, cols] f32 @ w.T -> [m, rows] f32, in w's stored format (dense_acts)."""
-    return ops.linear(x, w, acts=dense_acts(x.shape[0]))
-
-
 class Linear(torch.nn.Module):
     def __init__(self, weight: QMatrix, bias: torch.Tensor | None, target: Target):
         super().__init__()
