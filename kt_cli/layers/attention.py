@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .. import ops
 from ..engine.forward_batch import ForwardBatch, KVCache, KVSpec
 from .fused import FusedLinear
 from .linear import Linear
@@ -30,12 +31,21 @@ class AttentionContext:
     slot_mapping: torch.Tensor  # [N] int64, on the cache's device
     seqs: list[SeqView]
     rope: RopeTables
+    decode: ops.Contexts | None = None   # every sequence has one new token and the cache is on the CPU
 
     @classmethod
     def build(cls, batch: ForwardBatch, rotary: Rotary, dtype: torch.dtype) -> "AttentionContext":
         device = batch.kv.layers[0][0].device
         seqs = [_seq_view(batch, i, device) for i in range(batch.num_seqs)]
-        return cls(batch.kv, batch.slot_mapping.to(device), seqs, rotary.tables(batch.positions, dtype))
+        return cls(batch.kv, batch.slot_mapping.to(device), seqs, rotary.tables(batch.positions, dtype),
+                   _decode_contexts(seqs, device))
+
+
+def _decode_contexts(seqs: list[SeqView], device: torch.device) -> ops.Contexts | None:
+    if device.type != "cpu" or any(seq.rows.stop - seq.rows.start != 1 for seq in seqs):
+        return None
+    return ops.Contexts.of([torch.arange(s.slots.start, s.slots.stop) if isinstance(s.slots, slice) else s.slots
+                            for s in seqs])
 
 
 def _seq_view(batch: ForwardBatch, i: int, device: torch.device) -> SeqView:
@@ -118,6 +128,8 @@ class GQAAttention(torch.nn.Module):
     def _attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 ctx: AttentionContext) -> torch.Tensor:
         """q [N, H, D] -> [N, H, D], each sequence over its own cached context"""
+        if ctx.decode is not None and q.dtype == k_cache.dtype == torch.float32:
+            return ops.decode_attention(q.contiguous(), k_cache, v_cache, ctx.decode, self.scale)
         def one(seq: SeqView, q_seq: torch.Tensor) -> torch.Tensor:
             keys, values = read_cache(k_cache, seq.slots, q.dtype), read_cache(v_cache, seq.slots, q.dtype)
             return attend(q_seq, keys, values, seq.mask, self.scale)

@@ -10,6 +10,8 @@ API (implemented in this package's modules):
   quantize_rows_i8(x [rows, n] f32)       -> (q int8 [rows, n], scale f32 [rows])
   membw_read_gbps(n_bytes, repeats)       -> float
   rms_norm(x [..., D] f32, w [D] or [H, D], eps) -> like x   (single-threaded, decode-sized)
+  decode_attention(q [n, H, D], k_cache [R, Hkv, D], v_cache [R, Hkv, Dv], Contexts, scale) -> [n, H, Dv]
+      one query row per token, each over its own paged context (Contexts.of([slots per row]))
   MoEExperts(gate, up, down, activation="silu", clamp_limit=0.0, alpha=1.0)
       .forward(x [T, H] f32, ids [T, K] int32, weights [T, K] f32) -> [T, H] f32
       .submit(x, ids, weights) -> MoEJob;  MoEJob.wait() -> [T, H] f32
@@ -29,10 +31,12 @@ from kt_weights.layout import Format, QMatrix
 
 from .. import hardware
 from ..kernels import Kernels, load
+from . import attention as _attention
 from . import linear as _linear
 from . import membw as _membw
 from . import norm as _norm
 from . import quant as _quant
+from .attention import Contexts
 from .ffi_args import OpError
 from .linear import BoundLinear, kernel_layout
 from .pool import Pool
@@ -60,6 +64,10 @@ class Ops:
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return _norm.rms_norm(self.kernels, x, w, eps)
+
+    def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         contexts: Contexts, scale: float) -> torch.Tensor:
+        return _attention.decode_attention(self.pool, q, k_cache, v_cache, contexts, scale)
 
     def membw_read_gbps(self, n_bytes: int = _membw.DEFAULT_BYTES,
                         repeats: int = _membw.DEFAULT_REPEATS) -> float:
@@ -95,5 +103,10 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return default().rms_norm(x, w, eps)
 
 
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contexts: Contexts,
+                     scale: float) -> torch.Tensor:
+    return default().decode_attention(q, k_cache, v_cache, contexts, scale)
+
+
 __all__ = ["Ops", "OpError", "Pool", "default", "pool", "linear", "quantize", "quantize_rows_i8",
-           "membw_read_gbps", "rms_norm"]
+           "membw_read_gbps", "rms_norm", "decode_attention", "Contexts"]

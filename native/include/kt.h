@@ -159,6 +159,20 @@ int kt_linear(kt_pool *pool, float *out, const float *x, int64_t m, const kt_mat
 int kt_rmsnorm_f32(float *out, const float *x, const float *w, int64_t rows, int64_t cols, int64_t w_rows,
                    float eps);
 
+/* ---- decode attention ------------------------------------------------------------
+ * Attention of n single query rows over a paged float32 KV cache: row i attends to
+ * the ctx_len[i] cache rows listed at slots[ctx_offset[i] ..] (its whole context:
+ * one new token per row, so no mask), query head h to KV head h / (heads / kv_heads):
+ *   out[i, h] = sum_j softmax_j(scale * q[i, h] . K[slot_j, g]) V[slot_j, g]
+ * q float32 [n, heads, head_dim]; k_cache [cache_rows, kv_heads, head_dim];
+ * v_cache [cache_rows, kv_heads, v_dim]; out [n, heads, v_dim]. The softmax runs
+ * online in float32. KT_EINVAL for an empty context or a slot outside the cache. */
+
+int kt_attention_decode_f32(kt_pool *pool, float *out, const float *q, int64_t n, int32_t heads,
+                            const float *k_cache, const float *v_cache, int64_t cache_rows, int32_t kv_heads,
+                            int32_t head_dim, int32_t v_dim, const int64_t *slots, int64_t n_slots,
+                            const int64_t *ctx_offset, const int64_t *ctx_len, float scale);
+
 /* ---- fused MoE experts ------------------------------------------------------------
  * One MoE layer's routed experts. Expert e computes
  *   y_e(x) = down_e( act(gate_e x) * (up_e x) )

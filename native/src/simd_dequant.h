@@ -28,7 +28,6 @@
 #include "simd_float.h"
 
 #if defined(__AVX512F__)
-#define vf_set1(v) _mm512_set1_ps(v)
 KT_INLINE vf dq_codes(const uint8_t *block, const int j0, const int32_t fmt, const int minus8)
 {
     __m512i c;
@@ -43,7 +42,6 @@ KT_INLINE vf dq_codes(const uint8_t *block, const int j0, const int32_t fmt, con
     return _mm512_cvtepi32_ps(c);
 }
 #elif defined(__AVX2__)
-#define vf_set1(v) _mm256_set1_ps(v)
 KT_INLINE vf dq_codes(const uint8_t *block, const int j0, const int32_t fmt, const int minus8)
 {
     __m256i c;
@@ -58,7 +56,6 @@ KT_INLINE vf dq_codes(const uint8_t *block, const int j0, const int32_t fmt, con
     return _mm256_cvtepi32_ps(c);
 }
 #else
-#define vf_set1(v) (v)
 KT_INLINE vf dq_codes(const uint8_t *block, const int j0, const int32_t fmt, const int minus8)
 {
     if (fmt == KT_I8)

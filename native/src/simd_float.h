@@ -67,6 +67,8 @@ typedef __m512 vf;
 #define vf_load(p) _mm512_loadu_ps(p)
 #define vf_fma(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define vf_hsum(v) _mm512_reduce_add_ps(v)
+#define vf_set1(v) _mm512_set1_ps(v)
+#define vf_store(p, v) _mm512_storeu_ps(p, v)
 KT_INLINE vf vf_load_w(const void *row, int64_t k, int32_t fmt)
 {
     if (fmt == KT_F32)
@@ -82,6 +84,8 @@ typedef __m256 vf;
 #define vf_zero() _mm256_setzero_ps()
 #define vf_load(p) _mm256_loadu_ps(p)
 #define vf_fma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define vf_set1(v) _mm256_set1_ps(v)
+#define vf_store(p, v) _mm256_storeu_ps(p, v)
 KT_INLINE float vf_hsum(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -105,6 +109,8 @@ typedef float vf;
 #define vf_load(p) (*(p))
 #define vf_fma(a, b, c) ((a) * (b) + (c))
 #define vf_hsum(v) (v)
+#define vf_set1(v) (v)
+#define vf_store(p, v) (*(p) = (v))
 #define vf_load_w(row, k, fmt) weight_f(row, k, fmt)
 #endif
 

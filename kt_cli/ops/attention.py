@@ -1,0 +1,67 @@
+"""Decode attention on the native kernel (kt.h kt_attention_decode_f32): every decode
+row of a step attends over its paged context in one C call, in place of a gather,
+two batched matmuls and a softmax per sequence."""
+
+from dataclasses import dataclass
+
+import torch
+
+from .ffi_args import OpError, check, check_status
+from .pool import Pool
+
+
+@dataclass(frozen=True)
+class Contexts:
+    """Which cache rows each query row attends to: row i reads slots[offset[i]:offset[i] + length[i]].
+    Built once per step, shared by every layer."""
+    slots: torch.Tensor    # [S] int64
+    offset: torch.Tensor   # [n] int64
+    length: torch.Tensor   # [n] int64
+
+    @classmethod
+    def of(cls, per_row: list[torch.Tensor]) -> "Contexts":
+        lengths = [int(s.numel()) for s in per_row]
+        offsets = [0]
+        for n in lengths[:-1]:
+            offsets.append(offsets[-1] + n)
+        return cls(torch.cat(per_row).to(torch.int64).contiguous(), torch.tensor(offsets, dtype=torch.int64),
+                   torch.tensor(lengths, dtype=torch.int64))
+
+
+def decode_attention(pool: Pool, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     contexts: Contexts, scale: float) -> torch.Tensor:
+    """q [n, H, D], k_cache [R, Hkv, D], v_cache [R, Hkv, Dv], all float32 -> [n, H, Dv]"""
+    _check(q, k_cache, v_cache, contexts, scale)
+    n, heads, _ = q.shape
+    rows, kv_heads, dim = k_cache.shape
+    v_dim = v_cache.shape[2]
+    out = q.new_empty((n, heads, v_dim))
+    ffi, lib = pool.kernels.ffi, pool.kernels.lib
+    rc = lib.kt_attention_decode_f32(
+        pool.handle, ffi.cast("float *", out.data_ptr()), ffi.cast("const float *", q.data_ptr()), n, heads,
+        ffi.cast("const float *", k_cache.data_ptr()), ffi.cast("const float *", v_cache.data_ptr()), rows,
+        kv_heads, dim, v_dim, ffi.cast("const int64_t *", contexts.slots.data_ptr()), contexts.slots.numel(),
+        ffi.cast("const int64_t *", contexts.offset.data_ptr()), ffi.cast("const int64_t *", contexts.length.data_ptr()),
+        scale)
+    check_status(rc, "kt_attention_decode_f32")
+    return out
+
+
+def _check(q, k_cache, v_cache, contexts: Contexts, scale) -> None:
+    """Messages are formatted only on failure: this runs for every layer of a decode step.
+    The slot values themselves are checked in C, against the cache's rows."""
+    tensors = ((q, "query", torch.float32, 3), (k_cache, "key cache", torch.float32, 3),
+               (v_cache, "value cache", torch.float32, 3), (contexts.slots, "context slots", torch.int64, 1),
+               (contexts.offset, "context offsets", torch.int64, 1),
+               (contexts.length, "context lengths", torch.int64, 1))
+    for t, what, dtype, dims in tensors:
+        if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.dim() == dims and t.device.type == "cpu"
+                and t.is_contiguous() and t.numel() > 0):
+            raise OpError(f"attention {what} must be a non-empty contiguous {dims}-D {dtype} cpu tensor")
+    n, heads, dim = q.shape
+    rows, kv_heads, k_dim = k_cache.shape
+    check(k_dim == dim and v_cache.shape[:2] == k_cache.shape[:2] and heads % kv_heads == 0,
+          f"attention shapes do not fit: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
+    check(contexts.offset.numel() == n and contexts.length.numel() == n,
+          f"attention has {n} query rows but {contexts.offset.numel()} contexts")
+    check(isinstance(scale, float), f"attention scale must be a float, got {scale!r}")

@@ -1,0 +1,261 @@
+/* attention.c: attention of single query rows over a paged float32 KV cache, the
+ * decode step's attention in one call (one query token per row; each row lists its
+ * own context, so rows of different sequences share a call).
+ *
+ * Row i, query head h (KV head g = h / G, G = heads / kv_heads), over the keys at
+ * cache rows slots[ctx_offset[i] + j], j < ctx_len[i]:
+ *   s_j = scale * q[i, h] . K[slot_j, g],   out[i, h] = sum_j softmax(s)_j V[slot_j, g]
+ *
+ * One task per (row, KV head): the G query heads of a group read each key and value
+ * row once, in blocks of ATTN_BLOCK keys. The softmax runs online over the blocks
+ * (running max m and denominator l per head; when m grows, what was summed so far
+ * is rescaled by exp(m_old - m_new)), so the scores never need the whole context. */
+#include <math.h>
+#include <stdlib.h>
+#include "kt_internal.h"
+#include "simd_float.h"
+
+#define ATTN_BLOCK 32
+
+typedef struct {
+    float *out;
+    const float *q, *k, *v;
+    const int64_t *slots, *ctx_offset, *ctx_len;
+    int32_t heads, kv_heads, head_dim, v_dim;
+    float scale;
+    float *scratch;          /* per pool thread: acc [G, v_dim], scores [G, ATTN_BLOCK], m [G], l [G] */
+    int64_t scratch_floats;
+} attn_job;
+
+static float dot_f32(const float *a, const float *b, int64_t n)
+{
+    vf acc0 = vf_zero(), acc1 = vf_zero();
+    int64_t k = 0;
+    for (; k + 2 * VF_N <= n; k += 2 * VF_N) {
+        acc0 = vf_fma(vf_load(a + k), vf_load(b + k), acc0);
+        acc1 = vf_fma(vf_load(a + k + VF_N), vf_load(b + k + VF_N), acc1);
+    }
+    for (; k + VF_N <= n; k += VF_N)
+        acc0 = vf_fma(vf_load(a + k), vf_load(b + k), acc0);
+    float s = vf_hsum(acc0) + vf_hsum(acc1);
+    for (; k < n; k++)
+        s += a[k] * b[k];
+    return s;
+}
+
+/* exp(x) for x <= 0 (a score minus its running maximum), VF_N lanes at once:
+ * x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact to float),
+ * exp(r) by its degree-6 Taylor polynomial (truncation < 2e-7 relative), times 2^n
+ * put in the exponent bits. x is clamped to -87 (exp ~ 1.6e-38, no subnormal 2^n):
+ * such a term is invisible beside the maximum's exp(0) = 1 in the sum. */
+#if defined(__AVX512F__)
+static inline vf vf_exp_nonpos(vf x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+    vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682e-6f), r);
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+#elif defined(__AVX2__)
+static inline vf vf_exp_nonpos(vf x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682e-6f), r);
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+#endif
+#if defined(__AVX512F__) || defined(__AVX2__)
+    static const float taylor[7] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+    vf p = vf_set1(taylor[0]);
+    for (int i = 1; i < 7; i++)
+        p = vf_fma(p, r, vf_set1(taylor[i]));
+    return p * (vf)e;
+}
+#else
+static inline vf vf_exp_nonpos(vf x) { return expf(x); }
+#endif
+
+/* s[b] = exp(s[b] - m) for b < nb; returns their sum */
+static float exp_shifted(float *s, int nb, float m)
+{
+    vf mv = vf_set1(m), sum = vf_zero();
+    int b = 0;
+    for (; b + VF_N <= nb; b += VF_N) {
+        vf e = vf_exp_nonpos(vf_load(s + b) - mv);
+        vf_store(s + b, e);
+        sum = sum + e;
+    }
+    float total = vf_hsum(sum);
+    for (; b < nb; b++)
+        total += (s[b] = expf(s[b] - m));
+    return total;
+}
+
+/* Four heads' scores against one key: the key is loaded once for the four. */
+static void dot4_f32(float *s, int64_t s_stride, const float *q, int64_t D, const float *key)
+{
+    vf acc[4] = {vf_zero(), vf_zero(), vf_zero(), vf_zero()};
+    int64_t k = 0;
+    for (; k + VF_N <= D; k += VF_N) {
+        vf kv = vf_load(key + k);
+        for (int i = 0; i < 4; i++)
+            acc[i] = vf_fma(vf_load(q + i * D + k), kv, acc[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        float sum = vf_hsum(acc[i]);
+        for (int64_t r = k; r < D; r++)
+            sum += q[i * D + r] * key[r];
+        s[i * s_stride] = sum;
+    }
+}
+
+/* acc[h, c..c+VF_N) += sum_b probs[h, b] V_b[c..] for heads h0..h0+3, in registers:
+ * acc is read and written once per block of keys, not once per key. */
+static void pv4_f32(float *acc, int64_t Dv, const float *probs, const float *const *vrows, int nb, int64_t c)
+{
+    vf r[4];
+    for (int i = 0; i < 4; i++)
+        r[i] = vf_load(acc + i * Dv + c);
+    for (int b = 0; b < nb; b++) {
+        vf v = vf_load(vrows[b] + c);
+        for (int i = 0; i < 4; i++)
+            r[i] = vf_fma(vf_set1(probs[i * ATTN_BLOCK + b]), v, r[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        vf_store(acc + i * Dv + c, r[i]);
+}
+
+/* acc [G, Dv] += probs [G, nb] . V [nb, Dv] for one block of value rows */
+static void accumulate_values(float *acc, int64_t Dv, int G, const float *probs, const float *const *vrows,
+                              int nb)
+{
+    int h = 0;
+    for (; h + 4 <= G; h += 4)
+        for (int64_t c = 0; c + VF_N <= Dv; c += VF_N)
+            pv4_f32(acc + h * Dv, Dv, probs + h * ATTN_BLOCK, vrows, nb, c);
+    for (; h < G; h++)
+        for (int b = 0; b < nb; b++)
+            for (int64_t c = 0; c + VF_N <= Dv; c += VF_N)
+                vf_store(acc + h * Dv + c, vf_fma(vf_set1(probs[h * ATTN_BLOCK + b]), vf_load(vrows[b] + c),
+                                                  vf_load(acc + h * Dv + c)));
+    for (int64_t c = Dv - Dv % VF_N; c < Dv; c++)
+        for (h = 0; h < G; h++)
+            for (int b = 0; b < nb; b++)
+                acc[h * Dv + c] += probs[h * ATTN_BLOCK + b] * vrows[b][c];
+}
+
+/* Cache rows of one KV head are 4 * head_dim bytes every kv_heads * 4 * head_dim:
+ * short runs in a large stride that the hardware prefetchers hardly follow, so each
+ * block's rows are requested one block ahead. */
+static void prefetch_rows(const float *base, const int64_t *slots, int nb, int64_t row_floats, int64_t offset,
+                          int64_t n_floats)
+{
+    for (int b = 0; b < nb; b++) {
+        const char *row = (const char *)(base + slots[b] * row_floats + offset);
+        for (int64_t byte = 0; byte < n_floats * 4; byte += 64)
+            __builtin_prefetch(row + byte);
+    }
+}
+
+/* Scores of a block of keys for the G heads, then the online-softmax update:
+ * scores become the block's unnormalised probabilities exp(s - m_new). */
+static void block_probs(const attn_job *j, const float *qg, int64_t g, const int64_t *slots, int nb, int G,
+                        float *scores, float *m, float *l, float *acc)
+{
+    const int64_t D = j->head_dim, Dv = j->v_dim;
+    for (int b = 0; b < nb; b++) {
+        const float *key = j->k + (slots[b] * j->kv_heads + g) * D;
+        int h = 0;
+        for (; h + 4 <= G; h += 4)
+            dot4_f32(scores + h * ATTN_BLOCK + b, ATTN_BLOCK, qg + h * D, D, key);
+        for (; h < G; h++)
+            scores[h * ATTN_BLOCK + b] = dot_f32(qg + h * D, key, D);
+    }
+    for (int h = 0; h < G; h++) {
+        float *s = scores + h * ATTN_BLOCK, m_new = m[h];
+        for (int b = 0; b < nb; b++)
+            s[b] *= j->scale;
+        for (int b = 0; b < nb; b++)
+            m_new = s[b] > m_new ? s[b] : m_new;
+        if (m_new > m[h]) {
+            float rescale = m[h] == -INFINITY ? 0.0f : expf(m[h] - m_new);
+            l[h] *= rescale;
+            for (int64_t c = 0; c < Dv; c++)
+                acc[h * Dv + c] *= rescale;
+            m[h] = m_new;
+        }
+        l[h] += exp_shifted(s, nb, m_new);
+    }
+}
+
+static void attn_task(void *ctx, int64_t task, int thread)
+{
+    const attn_job *j = ctx;
+    const int G = j->heads / j->kv_heads;
+    const int64_t i = task / j->kv_heads, g = task % j->kv_heads;
+    const int64_t D = j->head_dim, Dv = j->v_dim;
+    float *acc = j->scratch + thread * j->scratch_floats, *scores = acc + G * Dv;
+    float *m = scores + G * ATTN_BLOCK, *l = m + G;
+    for (int h = 0; h < G; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+    for (int64_t c = 0; c < G * Dv; c++)
+        acc[c] = 0.0f;
+    const float *qg = j->q + (i * j->heads + g * G) * D;
+    const int64_t *slots = j->slots + j->ctx_offset[i], len = j->ctx_len[i];
+    const int64_t k_row = (int64_t)j->kv_heads * D, v_row = (int64_t)j->kv_heads * Dv;
+    prefetch_rows(j->k, slots, (int)(len < ATTN_BLOCK ? len : ATTN_BLOCK), k_row, g * D, D);
+    for (int64_t b0 = 0; b0 < len; b0 += ATTN_BLOCK) {
+        int nb = (int)(len - b0 < ATTN_BLOCK ? len - b0 : ATTN_BLOCK);
+        int next = (int)(len - b0 - nb < ATTN_BLOCK ? len - b0 - nb : ATTN_BLOCK);
+        prefetch_rows(j->v, slots + b0, nb, v_row, g * Dv, Dv);
+        prefetch_rows(j->k, slots + b0 + nb, next, k_row, g * D, D);
+        block_probs(j, qg, g, slots + b0, nb, G, scores, m, l, acc);
+        const float *vrows[ATTN_BLOCK];
+        for (int b = 0; b < nb; b++)
+            vrows[b] = j->v + slots[b0 + b] * v_row + g * Dv;
+        accumulate_values(acc, Dv, G, scores, vrows, nb);
+    }
+    float *o = j->out + (i * j->heads + g * G) * Dv;
+    for (int h = 0; h < G; h++)
+        for (int64_t c = 0; c < Dv; c++)
+            o[h * Dv + c] = acc[h * Dv + c] / l[h];
+}
+
+static int contexts_valid(const int64_t *slots, int64_t n_slots, int64_t cache_rows, const int64_t *ctx_offset,
+                          const int64_t *ctx_len, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (ctx_len[i] < 1 || ctx_offset[i] < 0 || ctx_offset[i] > n_slots - ctx_len[i])
+            return 0;
+    }
+    for (int64_t s = 0; s < n_slots; s++)
+        if (slots[s] < 0 || slots[s] >= cache_rows)
+            return 0;
+    return 1;
+}
+
+int kt_attention_decode_f32(kt_pool *pool, float *out, const float *q, int64_t n, int32_t heads,
+                            const float *k_cache, const float *v_cache, int64_t cache_rows, int32_t kv_heads,
+                            int32_t head_dim, int32_t v_dim, const int64_t *slots, int64_t n_slots,
+                            const int64_t *ctx_offset, const int64_t *ctx_len, float scale)
+{
+    if (!pool || !out || !q || !k_cache || !v_cache || !slots || !ctx_offset || !ctx_len || n < 1 || cache_rows < 1
+        || heads < 1 || kv_heads < 1 || heads % kv_heads || head_dim < 1 || v_dim < 1 || n_slots < 1
+        || !isfinite(scale) || n > INT64_MAX / heads)
+        return KT_EINVAL;
+    if (!contexts_valid(slots, n_slots, cache_rows, ctx_offset, ctx_len, n))
+        return KT_EINVAL;
+    const int64_t G = heads / kv_heads, threads = kt_pool_threads(pool);
+    attn_job j = {out, q, k_cache, v_cache, slots, ctx_offset, ctx_len, heads, kv_heads, head_dim, v_dim, scale,
+                  NULL, G * ((int64_t)v_dim + ATTN_BLOCK + 2)};
+    j.scratch = malloc((size_t)(threads * j.scratch_floats) * sizeof(float));
+    if (!j.scratch)
+        return KT_ENOMEM;
+    kt_pool_run(pool, attn_task, &j, n * kv_heads);
+    free(j.scratch);
+    return KT_OK;
+}

@@ -1,0 +1,105 @@
+"""kt_attention_decode_f32 (ops.decode_attention) on each variant against attention
+computed in float64 from the gathered cache rows: GQA groups, paged (scattered)
+contexts of lengths around the kernel's 32-key blocks, several rows in one call,
+head dims that are not a multiple of the vector width, and scores far apart (the
+online softmax rescaling what it summed when a later block holds the maximum).
+
+Bound: 2e-5 relative to the largest output (float32 scores and exp; the value sums
+of up to a few thousand terms, measured below 2e-6)."""
+
+import pytest
+import torch
+
+from kt_cli.errors import KtError
+from kt_cli.ops import Contexts
+
+BOUND = 2e-5
+
+
+def _randn(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _reference(q, k_cache, v_cache, per_row, scale):
+    out = []
+    for i, slots in enumerate(per_row):
+        k = k_cache.double()[slots].transpose(0, 1)       # [Hkv, L, D]
+        v = v_cache.double()[slots].transpose(0, 1)
+        group = q.shape[1] // k.shape[0]
+        k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        probs = (scale * q[i].double()[:, None, :] @ k.transpose(1, 2)).softmax(-1)    # [H, 1, L]
+        out.append((probs @ v)[:, 0])
+    return torch.stack(out)
+
+
+def _close(got, want):
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    err = (got.double() - want).abs().max().item() / want.abs().max().item()
+    assert err < BOUND, err
+
+
+def _scattered(rows: int, lengths: list[int], seed: int) -> list[torch.Tensor]:
+    perm = torch.randperm(rows, generator=torch.Generator().manual_seed(seed))
+    return [perm[sum(lengths[:i]):sum(lengths[:i + 1])] for i in range(len(lengths))]
+
+
+@pytest.mark.parametrize("heads, kv_heads, dim, v_dim", [(32, 4, 128, 128), (9, 3, 64, 64), (4, 4, 20, 12),
+                                                         (2, 1, 7, 9)])
+@pytest.mark.parametrize("lengths", [[1], [31, 32, 33], [5, 200, 1]])
+def test_matches_float64(ops, heads, kv_heads, dim, v_dim, lengths):
+    rows = 512
+    q = _randn(len(lengths), heads, dim, seed=1)
+    k_cache, v_cache = _randn(rows, kv_heads, dim, seed=2), _randn(rows, kv_heads, v_dim, seed=3)
+    per_row = _scattered(rows, lengths, seed=4)
+    scale = dim ** -0.5
+    got = ops.decode_attention(q, k_cache, v_cache, Contexts.of(per_row), scale)
+    _close(got, _reference(q, k_cache, v_cache, per_row, scale))
+
+
+def test_rows_may_share_context(ops):
+    """Two rows over overlapping contexts (a sequence's prefix read twice)."""
+    q, k_cache, v_cache = _randn(2, 8, 16, seed=5), _randn(100, 2, 16, seed=6), _randn(100, 2, 16, seed=7)
+    per_row = [torch.arange(0, 60), torch.arange(0, 61)]
+    _close(ops.decode_attention(q, k_cache, v_cache, Contexts.of(per_row), 0.25),
+           _reference(q, k_cache, v_cache, per_row, 0.25))
+
+
+def test_late_maximum_rescales_earlier_blocks(ops):
+    """Scores in the hundreds, rising along the context: every block raises the running
+    maximum, and a naive exp would overflow."""
+    dim, length = 16, 300
+    q = torch.ones(1, 2, dim)
+    k_cache = torch.linspace(0, 40, length)[:, None, None].expand(length, 1, dim).contiguous()
+    v_cache = _randn(length, 1, 8, seed=8)
+    per_row = [torch.arange(length)]
+    got = ops.decode_attention(q, k_cache, v_cache, Contexts.of(per_row), 1.0)
+    assert torch.isfinite(got).all()
+    _close(got, _reference(q, k_cache, v_cache, per_row, 1.0))
+
+
+def _inputs():
+    return torch.ones(1, 4, 8), torch.ones(10, 2, 8), torch.ones(10, 2, 8)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: dict(a, slots=torch.tensor([3, 10])), "invalid sizes"),
+    (lambda a: dict(a, slots=torch.tensor([-1, 2])), "invalid sizes"),
+    (lambda a: dict(a, length=torch.tensor([3])), "invalid sizes"),
+    (lambda a: dict(a, length=torch.tensor([0])), "invalid sizes"),
+    (lambda a: dict(a, offset=torch.tensor([0, 0])), "contexts"),
+    (lambda a: dict(a, q=torch.ones(1, 3, 8)), "do not fit"),
+    (lambda a: dict(a, q=torch.ones(1, 4, 7)), "do not fit"),
+    (lambda a: dict(a, v=torch.ones(9, 2, 8)), "do not fit"),
+    (lambda a: dict(a, q=torch.ones(1, 4, 8, dtype=torch.float64)), "float32"),
+    (lambda a: dict(a, k=torch.ones(10, 8, 2).transpose(1, 2)), "contiguous"),
+    (lambda a: dict(a, slots=torch.tensor([1, 2], dtype=torch.int32)), "int64"),
+    (lambda a: dict(a, scale=float("nan")), "invalid sizes"),
+    (lambda a: dict(a, scale=1), "scale"),
+])
+def test_bad_inputs_are_refused(ops, change, message):
+    q, k, v = _inputs()
+    args = change(dict(q=q, k=k, v=v, slots=torch.tensor([1, 2]), offset=torch.tensor([0]),
+                       length=torch.tensor([2]), scale=0.5))
+    contexts = Contexts(args["slots"], args["offset"], args["length"])
+    with pytest.raises(KtError, match=message):
+        ops.decode_attention(args["q"], args["k"], args["v"], contexts, args["scale"])
