@@ -64,10 +64,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     """q [n, H, D], k [L, Hkv, D], v [L, Hkv, Dv], H a multiple of Hkv -> [n, H, Dv]"""
     if q.shape[0] == 1 and q.dtype == torch.float32 and q.device.type == "cpu":
         return _attend_one_query(q, k, v, scale)
+    # batched 4-D inputs: torch's CPU SDPA takes its flash kernel for them, but the
+    # math fallback for 3-D ones (pp512, 32/4 heads of 128, 2 threads: 45 vs 112 ms)
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 def _attend_one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
