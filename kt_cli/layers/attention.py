@@ -120,7 +120,7 @@ class GQAAttention(torch.nn.Module):
         v = qkv[:, (heads + kv_heads) * dim:].view(n, kv_heads, dim)
         if self.qk_norm is not None:
             qk = self.qk_norm.forward(qk)
-        qk = self.rotary.apply(qk, ctx.rope)
+        qk = self.rotary.apply_(qk, ctx.rope)      # qk is this step's own buffer
         q, k = qk[:, :heads], qk[:, heads:]
         k_cache, v_cache = ctx.kv.layers[self.layer]
         write_cache(k_cache, ctx.slot_mapping, k)

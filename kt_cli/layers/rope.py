@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import ops
 from ..errors import ModelError
+from ..ops.rope import supports as native_rope_takes
 
 ROPE_KINDS = ("default", "linear", "llama3", "yarn")
 
@@ -140,6 +142,13 @@ class Rotary(torch.nn.Module):
         else:
             full_cos, signed_sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
         return RopeTables(full_cos[:, None, :], signed_sin[:, None, :])
+
+    def apply_(self, x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
+        """apply(), in place where the native kernel takes x (float32 on the CPU, each row's
+        heads contiguous): the same bits without torch's four temporaries."""
+        if native_rope_takes(x) and tables.cos.dtype == torch.float32:
+            return ops.rope_(x, tables.cos, tables.sin, self.spec.interleaved)
+        return self.apply(x, tables)
 
     def apply(self, x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
         """x [N, heads, dim] -> rotated x, same layout and dtype."""

@@ -12,6 +12,7 @@ API (implemented in this package's modules):
   rms_norm(x [..., D] f32, w [D] or [H, D], eps) -> like x   (single-threaded, decode-sized)
   decode_attention(q [n, H, D], k_cache [R, Hkv, D], v_cache [R, Hkv, Dv], Contexts, scale) -> [n, H, Dv]
       one query row per token, each over its own paged context (Contexts.of([slots per row]))
+  rope_(x [n, heads, dim] f32, cos, sin [n, 1, dim], interleaved) -> x rotated in place
   MoEExperts(gate, up, down, activation="silu", clamp_limit=0.0, alpha=1.0)
       .forward(x [T, H] f32, ids [T, K] int32, weights [T, K] f32) -> [T, H] f32
       .submit(x, ids, weights) -> MoEJob;  MoEJob.wait() -> [T, H] f32
@@ -36,6 +37,7 @@ from . import linear as _linear
 from . import membw as _membw
 from . import norm as _norm
 from . import quant as _quant
+from . import rope as _rope
 from .attention import Contexts
 from .ffi_args import OpError
 from .linear import BoundLinear, kernel_layout
@@ -68,6 +70,9 @@ class Ops:
     def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          contexts: Contexts, scale: float) -> torch.Tensor:
         return _attention.decode_attention(self.pool, q, k_cache, v_cache, contexts, scale)
+
+    def rope_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+        return _rope.rope_(self.pool, x, cos, sin, interleaved)
 
     def membw_read_gbps(self, n_bytes: int = _membw.DEFAULT_BYTES,
                         repeats: int = _membw.DEFAULT_REPEATS) -> float:
@@ -108,5 +113,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return default().decode_attention(q, k_cache, v_cache, contexts, scale)
 
 
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    return default().rope_(x, cos, sin, interleaved)
+
+
 __all__ = ["Ops", "OpError", "Pool", "default", "pool", "linear", "quantize", "quantize_rows_i8",
-           "membw_read_gbps", "rms_norm", "decode_attention", "Contexts"]
+           "membw_read_gbps", "rms_norm", "decode_attention", "Contexts", "rope_"]

@@ -159,6 +159,15 @@ int kt_linear(kt_pool *pool, float *out, const float *x, int64_t m, const kt_mat
 int kt_rmsnorm_f32(float *out, const float *x, const float *w, int64_t rows, int64_t cols, int64_t w_rows,
                    float eps);
 
+/* ---- rotary position embedding -------------------------------------------------------
+ * In place on n rows of `heads` float32 vectors of `dim` (row i at x + i * row_stride,
+ * its heads contiguous): x[k] <- x[k] * cos[i, k] + partner(x)[k] * sin[i, k], with
+ * cos, sin [n, dim]; partner pairs k with k +- dim/2 (interleaved = 0) or with its
+ * neighbour 2p <-> 2p + 1 (interleaved = 1). dim even and <= 1024. */
+
+int kt_rope_f32(kt_pool *pool, float *x, int64_t n, int64_t row_stride, int32_t heads, int32_t dim,
+                const float *cos, const float *sin, int32_t interleaved);
+
 /* ---- decode attention ------------------------------------------------------------
  * Attention of n single query rows over a paged float32 KV cache: row i attends to
  * the ctx_len[i] cache rows listed at slots[ctx_offset[i] ..] (its whole context:
