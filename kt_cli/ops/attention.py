@@ -13,10 +13,20 @@ from .pool import Pool
 @dataclass(frozen=True)
 class Contexts:
     """Which cache rows each query row attends to: row i reads slots[offset[i]:offset[i] + length[i]].
-    Built once per step, shared by every layer."""
+    Built once per step and shared by every layer, so its tensors are checked here, once (the
+    slot values and ranges are checked in C, against the cache, on every call)."""
     slots: torch.Tensor    # [S] int64
     offset: torch.Tensor   # [n] int64
     length: torch.Tensor   # [n] int64
+
+    def __post_init__(self) -> None:
+        for t, what in ((self.slots, "context slots"), (self.offset, "context offsets"),
+                        (self.length, "context lengths")):
+            if not (isinstance(t, torch.Tensor) and t.dtype == torch.int64 and t.dim() == 1
+                    and t.device.type == "cpu" and t.is_contiguous() and t.numel() > 0):
+                raise OpError(f"attention {what} must be a non-empty contiguous 1-D int64 cpu tensor")
+        check(self.offset.numel() == self.length.numel(),
+              f"{self.offset.numel()} context offsets for {self.length.numel()} lengths")
 
     @classmethod
     def of(cls, per_row: list[torch.Tensor]) -> "Contexts":
@@ -48,20 +58,15 @@ def decode_attention(pool: Pool, q: torch.Tensor, k_cache: torch.Tensor, v_cache
 
 
 def _check(q, k_cache, v_cache, contexts: Contexts, scale) -> None:
-    """Messages are formatted only on failure: this runs for every layer of a decode step.
-    The slot values themselves are checked in C, against the cache's rows."""
-    tensors = ((q, "query", torch.float32, 3), (k_cache, "key cache", torch.float32, 3),
-               (v_cache, "value cache", torch.float32, 3), (contexts.slots, "context slots", torch.int64, 1),
-               (contexts.offset, "context offsets", torch.int64, 1),
-               (contexts.length, "context lengths", torch.int64, 1))
-    for t, what, dtype, dims in tensors:
-        if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.dim() == dims and t.device.type == "cpu"
-                and t.is_contiguous() and t.numel() > 0):
-            raise OpError(f"attention {what} must be a non-empty contiguous {dims}-D {dtype} cpu tensor")
+    """Messages are formatted only on failure: this runs for every layer of a decode step."""
+    for t, what in ((q, "query"), (k_cache, "key cache"), (v_cache, "value cache")):
+        if not (isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.dim() == 3
+                and t.device.type == "cpu" and t.is_contiguous() and t.numel() > 0):
+            raise OpError(f"attention {what} must be a non-empty contiguous 3-D float32 cpu tensor")
     n, heads, dim = q.shape
     rows, kv_heads, k_dim = k_cache.shape
     check(k_dim == dim and v_cache.shape[:2] == k_cache.shape[:2] and heads % kv_heads == 0,
           f"attention shapes do not fit: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
-    check(contexts.offset.numel() == n and contexts.length.numel() == n,
-          f"attention has {n} query rows but {contexts.offset.numel()} contexts")
+    check(isinstance(contexts, Contexts) and contexts.offset.numel() == n,
+          f"attention has {n} query rows but contexts for {getattr(contexts, 'offset', q).numel()}")
     check(isinstance(scale, float), f"attention scale must be a float, got {scale!r}")

@@ -86,7 +86,8 @@ def _inputs():
     (lambda a: dict(a, slots=torch.tensor([-1, 2])), "invalid sizes"),
     (lambda a: dict(a, length=torch.tensor([3])), "invalid sizes"),
     (lambda a: dict(a, length=torch.tensor([0])), "invalid sizes"),
-    (lambda a: dict(a, offset=torch.tensor([0, 0])), "contexts"),
+    (lambda a: dict(a, offset=torch.tensor([0, 0])), "2 context offsets for 1 lengths"),
+    (lambda a: dict(a, offset=torch.tensor([0, 0]), length=torch.tensor([1, 1])), "contexts for 2"),
     (lambda a: dict(a, q=torch.ones(1, 3, 8)), "do not fit"),
     (lambda a: dict(a, q=torch.ones(1, 4, 7)), "do not fit"),
     (lambda a: dict(a, v=torch.ones(9, 2, 8)), "do not fit"),
@@ -100,6 +101,6 @@ def test_bad_inputs_are_refused(ops, change, message):
     q, k, v = _inputs()
     args = change(dict(q=q, k=k, v=v, slots=torch.tensor([1, 2]), offset=torch.tensor([0]),
                        length=torch.tensor([2]), scale=0.5))
-    contexts = Contexts(args["slots"], args["offset"], args["length"])
     with pytest.raises(KtError, match=message):
+        contexts = Contexts(args["slots"], args["offset"], args["length"])
         ops.decode_attention(args["q"], args["k"], args["v"], contexts, args["scale"])
