@@ -51,7 +51,8 @@ def decode_attention(pool: Pool, q: torch.Tensor, k_cache: torch.Tensor, v_cache
         pool.handle, ffi.cast("float *", out.data_ptr()), ffi.cast("const float *", q.data_ptr()), n, heads,
         ffi.cast("const float *", k_cache.data_ptr()), ffi.cast("const float *", v_cache.data_ptr()), rows,
         kv_heads, dim, v_dim, ffi.cast("const int64_t *", contexts.slots.data_ptr()), contexts.slots.numel(),
-        ffi.cast("const int64_t *", contexts.offset.data_ptr()), ffi.cast("const int64_t *", contexts.length.data_ptr()),
+        ffi.cast("const int64_t *", contexts.offset.data_ptr()),
+        ffi.cast("const int64_t *", contexts.length.data_ptr()),
         scale)
     check_status(rc, "kt_attention_decode_f32")
     return out

@@ -156,10 +156,11 @@ class MoEExperts:
         return out, args
 
     def _check_inputs(self, x, ids, weights) -> tuple[int, int]:
-        _check(isinstance(ids, torch.Tensor) and ids.dim() == 2,
-               f"MoE ids must be a 2-D tensor [T, K], got {getattr(ids, 'shape', type(ids).__name__)}")
-        T, K = (int(n) for n in ids.shape)
-        _check(K <= MAX_TOP_K, f"MoE top-k {K} exceeds {MAX_TOP_K}")
+        if not (isinstance(ids, torch.Tensor) and ids.dim() == 2):     # messages formatted only on failure
+            raise MoEError(f"MoE ids must be a 2-D tensor [T, K], got {getattr(ids, 'shape', type(ids).__name__)}")
+        T, K = ids.shape
+        if K > MAX_TOP_K:
+            raise MoEError(f"MoE top-k {K} exceeds {MAX_TOP_K}")
         check_tensor(ids, torch.int32, (T, K), "MoE ids")
         check_tensor(weights, torch.float32, (T, K), "MoE weights")
         check_tensor(x, torch.float32, (T, self.shape.hidden), "MoE x")

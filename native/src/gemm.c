@@ -32,10 +32,8 @@
 
 #if defined(__AVX512F__)
 #define GEMM_ROWS 12
-#define vf_store(p, v) _mm512_storeu_ps(p, v)
 #else
 #define GEMM_ROWS 6
-#define vf_store(p, v) _mm256_storeu_ps(p, v)
 #endif
 
 /* Row r of W as float32 into dst[0, cols). */

