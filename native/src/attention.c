@@ -93,38 +93,57 @@ static float exp_shifted(float *s, int nb, float m)
     return total;
 }
 
-/* Four heads' scores against one key: the key is loaded once for the four. */
+/* Four heads' scores against one key: the key is loaded once for the four, and two
+ * accumulators per head (even and odd vectors) keep 8 FMA chains in flight. */
 static void dot4_f32(float *s, int64_t s_stride, const float *q, int64_t D, const float *key)
 {
-    vf acc[4] = {vf_zero(), vf_zero(), vf_zero(), vf_zero()};
+    vf acc[4][2];
+    for (int i = 0; i < 4; i++)
+        acc[i][0] = acc[i][1] = vf_zero();
     int64_t k = 0;
+    for (; k + 2 * VF_N <= D; k += 2 * VF_N) {
+        vf k0 = vf_load(key + k), k1 = vf_load(key + k + VF_N);
+        for (int i = 0; i < 4; i++) {
+            acc[i][0] = vf_fma(vf_load(q + i * D + k), k0, acc[i][0]);
+            acc[i][1] = vf_fma(vf_load(q + i * D + k + VF_N), k1, acc[i][1]);
+        }
+    }
     for (; k + VF_N <= D; k += VF_N) {
         vf kv = vf_load(key + k);
         for (int i = 0; i < 4; i++)
-            acc[i] = vf_fma(vf_load(q + i * D + k), kv, acc[i]);
+            acc[i][0] = vf_fma(vf_load(q + i * D + k), kv, acc[i][0]);
     }
     for (int i = 0; i < 4; i++) {
-        float sum = vf_hsum(acc[i]);
+        float sum = vf_hsum(acc[i][0] + acc[i][1]);
         for (int64_t r = k; r < D; r++)
             sum += q[i * D + r] * key[r];
         s[i * s_stride] = sum;
     }
 }
 
-/* acc[h, c..c+VF_N) += sum_b probs[h, b] V_b[c..] for heads h0..h0+3, in registers:
- * acc is read and written once per block of keys, not once per key. */
-static void pv4_f32(float *acc, int64_t Dv, const float *probs, const float *const *vrows, int nb, int64_t c)
+/* acc[h, c .. c + W * VF_N) += sum_b probs[h, b] V_b[c ..] for heads h0..h0+3, in
+ * registers: acc is read and written once per block of keys, not once per key.
+ * W = 2 vectors a head keeps 8 FMA chains in flight. */
+KT_INLINE void pv4_f32(float *acc, int64_t Dv, const float *probs, const float *const *vrows, int nb, int64_t c,
+                       const int W)
 {
-    vf r[4];
+    vf r[4][2];
     for (int i = 0; i < 4; i++)
-        r[i] = vf_load(acc + i * Dv + c);
+        for (int w = 0; w < W; w++)
+            r[i][w] = vf_load(acc + i * Dv + c + w * VF_N);
     for (int b = 0; b < nb; b++) {
-        vf v = vf_load(vrows[b] + c);
-        for (int i = 0; i < 4; i++)
-            r[i] = vf_fma(vf_set1(probs[i * ATTN_BLOCK + b]), v, r[i]);
+        vf v[2];
+        for (int w = 0; w < W; w++)
+            v[w] = vf_load(vrows[b] + c + w * VF_N);
+        for (int i = 0; i < 4; i++) {
+            vf p = vf_set1(probs[i * ATTN_BLOCK + b]);
+            for (int w = 0; w < W; w++)
+                r[i][w] = vf_fma(p, v[w], r[i][w]);
+        }
     }
     for (int i = 0; i < 4; i++)
-        vf_store(acc + i * Dv + c, r[i]);
+        for (int w = 0; w < W; w++)
+            vf_store(acc + i * Dv + c + w * VF_N, r[i][w]);
 }
 
 /* acc [G, Dv] += probs [G, nb] . V [nb, Dv] for one block of value rows */
@@ -132,9 +151,13 @@ static void accumulate_values(float *acc, int64_t Dv, int G, const float *probs,
                               int nb)
 {
     int h = 0;
-    for (; h + 4 <= G; h += 4)
-        for (int64_t c = 0; c + VF_N <= Dv; c += VF_N)
-            pv4_f32(acc + h * Dv, Dv, probs + h * ATTN_BLOCK, vrows, nb, c);
+    for (; h + 4 <= G; h += 4) {
+        int64_t c = 0;
+        for (; c + 2 * VF_N <= Dv; c += 2 * VF_N)
+            pv4_f32(acc + h * Dv, Dv, probs + h * ATTN_BLOCK, vrows, nb, c, 2);
+        for (; c + VF_N <= Dv; c += VF_N)
+            pv4_f32(acc + h * Dv, Dv, probs + h * ATTN_BLOCK, vrows, nb, c, 1);
+    }
     for (; h < G; h++)
         for (int b = 0; b < nb; b++)
             for (int64_t c = 0; c + VF_N <= Dv; c += VF_N)
