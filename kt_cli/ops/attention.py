@@ -59,15 +59,18 @@ def decode_attention(pool: Pool, q: torch.Tensor, k_cache: torch.Tensor, v_cache
 
 
 def _check(q, k_cache, v_cache, contexts: Contexts, scale) -> None:
-    """Messages are formatted only on failure: this runs for every layer of a decode step."""
+    """Messages are formatted only on failure (if, not check()): this runs for every layer of
+    a decode step."""
     for t, what in ((q, "query"), (k_cache, "key cache"), (v_cache, "value cache")):
         if not (isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.dim() == 3
                 and t.device.type == "cpu" and t.is_contiguous() and t.numel() > 0):
             raise OpError(f"attention {what} must be a non-empty contiguous 3-D float32 cpu tensor")
     n, heads, dim = q.shape
     rows, kv_heads, k_dim = k_cache.shape
-    check(k_dim == dim and v_cache.shape[:2] == k_cache.shape[:2] and heads % kv_heads == 0,
-          f"attention shapes do not fit: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
-    check(isinstance(contexts, Contexts) and contexts.offset.numel() == n,
-          f"attention has {n} query rows but contexts for {getattr(contexts, 'offset', q).numel()}")
-    check(isinstance(scale, float), f"attention scale must be a float, got {scale!r}")
+    if not (k_dim == dim and v_cache.shape[:2] == k_cache.shape[:2] and heads % kv_heads == 0):
+        raise OpError(f"attention shapes do not fit: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, "
+                      f"v {tuple(v_cache.shape)}")
+    if not (isinstance(contexts, Contexts) and contexts.offset.numel() == n):
+        raise OpError(f"attention has {n} query rows but contexts for {getattr(contexts, 'offset', q).numel()}")
+    if not isinstance(scale, float):
+        raise OpError(f"attention scale must be a float, got {scale!r}")
