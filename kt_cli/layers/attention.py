@@ -6,6 +6,7 @@ new tokens: new token j of a sequence with n new tokens and context length L sit
 at position L - n + j and sees cache positions 0..L - n + j."""
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -31,14 +32,18 @@ class AttentionContext:
     slot_mapping: torch.Tensor  # [N] int64, on the cache's device
     seqs: list[SeqView]
     rope: RopeTables
-    decode: ops.Contexts | None = None   # every sequence has one new token and the cache is on the CPU
 
     @classmethod
     def build(cls, batch: ForwardBatch, rotary: Rotary, dtype: torch.dtype) -> "AttentionContext":
         device = batch.kv.layers[0][0].device
         seqs = [_seq_view(batch, i, device) for i in range(batch.num_seqs)]
-        return cls(batch.kv, batch.slot_mapping.to(device), seqs, rotary.tables(batch.positions, dtype),
-                   _decode_contexts(seqs, device))
+        return cls(batch.kv, batch.slot_mapping.to(device), seqs, rotary.tables(batch.positions, dtype))
+
+    @cached_property
+    def decode(self) -> ops.Contexts | None:
+        """The native decode kernel's contexts when every sequence has one new token and the
+        cache is on the CPU, else None; built on first use (MLA layers never ask)."""
+        return _decode_contexts(self.seqs, self.slot_mapping.device)
 
 
 def _decode_contexts(seqs: list[SeqView], device: torch.device) -> ops.Contexts | None:

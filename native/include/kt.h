@@ -163,7 +163,8 @@ int kt_rmsnorm_f32(float *out, const float *x, const float *w, int64_t rows, int
  * In place on n rows of `heads` float32 vectors of `dim` (row i at x + i * row_stride,
  * its heads contiguous): x[k] <- x[k] * cos[i, k] + partner(x)[k] * sin[i, k], with
  * cos, sin [n, dim]; partner pairs k with k +- dim/2 (interleaved = 0) or with its
- * neighbour 2p <-> 2p + 1 (interleaved = 1). dim even and <= 1024. */
+ * neighbour 2p <-> 2p + 1 (interleaved = 1). dim even and <= 1024; pool must not be
+ * NULL (small calls run on the caller's thread). */
 
 int kt_rope_f32(kt_pool *pool, float *x, int64_t n, int64_t row_stride, int32_t heads, int32_t dim,
                 const float *cos, const float *sin, int32_t interleaved);
@@ -175,7 +176,8 @@ int kt_rope_f32(kt_pool *pool, float *x, int64_t n, int64_t row_stride, int32_t 
  *   out[i, h] = sum_j softmax_j(scale * q[i, h] . K[slot_j, g]) V[slot_j, g]
  * q float32 [n, heads, head_dim]; k_cache [cache_rows, kv_heads, head_dim];
  * v_cache [cache_rows, kv_heads, v_dim]; out [n, heads, v_dim]. The softmax runs
- * online in float32. KT_EINVAL for an empty context or a slot outside the cache. */
+ * online in float32 on the pool's threads (pool must not be NULL). KT_EINVAL for an
+ * empty context or a slot outside the cache. */
 
 int kt_attention_decode_f32(kt_pool *pool, float *out, const float *q, int64_t n, int32_t heads,
                             const float *k_cache, const float *v_cache, int64_t cache_rows, int32_t kv_heads,
