@@ -7,7 +7,9 @@ machine (the probe `kt doctor` uses) as the ceiling for decode.
     python bench/moe_layer.py --threads 4 --min-time 1.0
 
 Weights are random codes (the kernels' speed does not depend on the values);
-routing is uniform random top-k. Columns:
+routing is uniform random top-k, drawn afresh for each of DRAWS calls that the timing
+cycles through: one fixed routing would keep decode's few experts (21 MB for
+Qwen3-30B-A3B INT4 at T=1) in a 32 MB L3 and time the cache, not the memory. Columns:
   kt ms       one kt_moe_forward call (median of the timed calls)
   GB/s        bytes of the distinct experts touched / time (weights + scales)
   %bw         that, as a share of the probed read bandwidth
@@ -32,6 +34,7 @@ from kt_cli.ops.moe import MoEExperts
 from kt_weights.layout import Format, QMatrix
 
 RAM_SHARE = 0.7
+DRAWS = 16          # routings a row's timed calls cycle through
 
 
 @dataclass(frozen=True)
@@ -137,13 +140,14 @@ def torch_weights(shape: Shape, dtype) -> tuple[torch.Tensor, ...]:
 # ---- timing -----------------------------------------------------------------------------
 
 def time_call(fn, min_time: float, max_reps: int, warm_up: bool = True) -> float:
-    """Median seconds of one call (after a warm-up call), over calls totalling >= min_time."""
+    """Median seconds of one call fn(i) (after a warm-up call), over calls i = 0, 1, ...
+    totalling >= min_time."""
     if warm_up:
-        fn()
+        fn(DRAWS - 1)
     times = []
     while not times or (sum(times) < min_time and len(times) < max_reps):
         t0 = time.perf_counter()
-        fn()
+        fn(len(times))
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -159,8 +163,13 @@ class Row:
     torch_s: float | None
 
 
-def inputs(shape: Shape, T: int):
-    return (torch.randn(T, shape.hidden, generator=torch.Generator().manual_seed(T)), *routing(shape, T, seed=T))
+def inputs(shape: Shape, T: int, draw: int = 0):
+    seed = T * DRAWS + draw
+    return (torch.randn(T, shape.hidden, generator=torch.Generator().manual_seed(seed)), *routing(shape, T, seed))
+
+
+def draws(shape: Shape, T: int) -> list[tuple[torch.Tensor, ...]]:
+    return [inputs(shape, T, d) for d in range(DRAWS)]
 
 
 def torch_baseline(shape_name: str, shape: Shape, tokens, args) -> dict[int, float]:
@@ -172,16 +181,20 @@ def torch_baseline(shape_name: str, shape: Shape, tokens, args) -> dict[int, flo
         return {}
     tw = torch_weights(shape, dtype)
     torch.set_num_threads(args.torch_threads or args.threads)
-    return {T: time_call(lambda: torch_layer(tw, *inputs(shape, T), dtype), args.min_time, args.max_reps,
-                         warm_up=T <= 8) for T in tokens}
+    baseline = {}
+    for T in tokens:
+        calls = draws(shape, T)
+        baseline[T] = time_call(lambda i: torch_layer(tw, *calls[i % DRAWS], dtype), args.min_time,
+                                args.max_reps, warm_up=T <= 8)
+    return baseline
 
 
 def measure(shape_name: str, shape: Shape, name: str, moe: MoEExperts, T: int, args,
             baseline: dict[int, float]) -> Row:
-    x, ids, w = inputs(shape, T)
-    kt_s = time_call(lambda: moe.forward(x, ids, w), args.min_time, args.max_reps)
-    touched = len(ids.unique()) * expert_bytes(shape, name)
-    return Row(shape_name, name, T, kt_s, touched, int((ids >= 0).sum()), baseline.get(T))
+    calls = draws(shape, T)
+    kt_s = time_call(lambda i: moe.forward(*calls[i % DRAWS]), args.min_time, args.max_reps)
+    touched = statistics.mean(len(ids.unique()) for _, ids, _ in calls) * expert_bytes(shape, name)
+    return Row(shape_name, name, T, kt_s, touched, int((calls[0][1] >= 0).sum()), baseline.get(T))
 
 
 # ---- report -------------------------------------------------------------------------------
@@ -221,7 +234,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tokens", nargs="+", type=int, help="default: per shape")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--min-time", type=float, default=0.3, help="seconds of timed calls per row")
-    p.add_argument("--max-reps", type=int, default=20)
+    p.add_argument("--max-reps", type=int, default=2 * DRAWS)
     p.add_argument("--torch-dtype", choices=list(TORCH_DTYPES), default="f32",
                    help="f32 (default): torch bf16 matmuls are far slower on CPUs without AVX512-BF16")
     p.add_argument("--torch-threads", type=int, help="default: --threads (on a loaded machine torch's "

@@ -40,7 +40,8 @@
 #include "kt_internal.h"
 
 #define UNIT_TOKENS 128
-#define MAX_BLOCK 64
+#define MAX_BLOCK 256       /* rows a task streams per matrix: longer runs than 64 rows were 2-10% faster
+                              * (Qwen3-30B-A3B shape, T = 1 and 8, cold experts, 2-core Zen 3 guest) */
 #define MIN_BLOCK 16
 #define TASKS_PER_THREAD 8
 #define SPINS_BEFORE_YIELD 2000
