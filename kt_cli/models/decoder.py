@@ -9,6 +9,7 @@ import torch
 from ..engine.forward_batch import ForwardBatch, KVSpec
 from ..errors import ModelError
 from ..layers.attention import AttentionContext
+from ..layers.decode_plan import DecodePlan, DecodeWorkspace, plan_for
 from ..layers.embedding import Embedding
 from ..layers.linear import Linear
 from ..layers.rope import RopeSpec, Rotary
@@ -21,8 +22,11 @@ class DecoderLayer(torch.nn.Module):
     def __init__(self, attn: torch.nn.Module, mlp: torch.nn.Module, input_norm, post_norm):
         super().__init__()
         self.attn, self.mlp, self.input_norm, self.post_norm = attn, mlp, input_norm, post_norm
+        self.decode_plan: DecodePlan | None = None     # set by CausalLM where the layer allows one
 
     def forward(self, h: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        if self.decode_plan is not None and ctx.decode is not None:
+            return self.decode_plan(h, ctx)
         h = h + self.attn.forward(self.input_norm.forward(h), ctx)
         return h + self.mlp.forward(self.post_norm.forward(h))
 
@@ -36,6 +40,15 @@ class CausalLM(torch.nn.Module):
         self.layers = torch.nn.ModuleList(self._layer(w, i) for i in range(config.num_layers))
         self.norm = w.norm("model.norm", config.rms_norm_eps)
         self.lm_head = self._lm_head(w)
+        self.use_decode_plans(True)
+
+    def use_decode_plans(self, on: bool) -> None:
+        """Decode steps of float32 CPU models run each plain GQA layer as straight native calls
+        (kt_cli.layers.decode_plan); off, every step goes through the modules."""
+        workspace = DecodeWorkspace()
+        eligible = on and self.options.device == "cpu" and self.options.dtype == torch.float32
+        for layer in self.layers:
+            layer.decode_plan = plan_for(layer, workspace) if eligible else None
 
     @classmethod
     def from_checkpoint(cls, ckpt, options: ModelOptions) -> "CausalLM":

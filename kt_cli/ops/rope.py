@@ -29,7 +29,11 @@ def supports(x: torch.Tensor) -> bool:
         return False
     (n, heads, dim), (row_stride, head_stride, step) = x.shape, x.stride()
     return (n > 0 and heads > 0 and step == 1 and head_stride == dim and row_stride >= heads * dim
-            and dim % 2 == 0 and 2 <= dim <= MAX_DIM)
+            and supports_dim(dim))
+
+
+def supports_dim(dim: int) -> bool:
+    return dim % 2 == 0 and 2 <= dim <= MAX_DIM
 
 
 def _check(x, cos, sin) -> None:

@@ -184,6 +184,42 @@ int kt_attention_decode_f32(kt_pool *pool, float *out, const float *q, int64_t n
                             int32_t head_dim, int32_t v_dim, const int64_t *slots, int64_t n_slots,
                             const int64_t *ctx_offset, const int64_t *ctx_len, float scale);
 
+/* ---- one decoder layer of a decode step ------------------------------------------
+ * A plain GQA layer on n decode rows (one new token each), float32, in one call:
+ *   x = rmsnorm(h_in, in_norm, eps); qkv = x @ qkv^T  (q heads, k heads, v heads)
+ *   optional per-head rmsnorm of the q and k heads (qk_norm [heads + kv_heads,
+ *   head_dim], qk_eps); rope (cos, sin [n, head_dim] as kt_rope_f32, interleaved);
+ *   k, v rows written to the caches at slot_mapping[i]; attention as
+ *   kt_attention_decode_f32 over the step's contexts with `scale`;
+ *   h_out = h_in + attn @ o_proj^T; then, when inter > 0 (a dense gated MLP):
+ *   h_out += down(silu(gate) * up), gate and up the first and last `inter` rows of
+ *   gate_up applied to rmsnorm(h_out, post_norm, post_eps). inter == 0 leaves the
+ *   MLP to the caller (MoE layers). Linear layers take `acts` as kt_linear.
+ * h_in, h_out [n, hidden] (may be the same buffer); caches [cache_rows, kv_heads,
+ * head_dim]; scratch of at least kt_decode_scratch_floats(L, n) floats.
+ * KT_EINVAL for any size or slot that does not fit. */
+
+typedef struct kt_decode_layer {
+    int32_t hidden, heads, kv_heads, head_dim, inter;
+    const float *in_norm, *post_norm, *qk_norm;     /* post_norm: inter > 0; qk_norm may be NULL */
+    float eps, post_eps, qk_eps, scale;
+    const kt_matrix *qkv, *o_proj, *gate_up, *down; /* gate_up, down: inter > 0 */
+    int32_t interleaved, acts;
+} kt_decode_layer;
+
+typedef struct kt_decode_step {
+    int64_t n;
+    const float *cos, *sin;
+    const int64_t *slot_mapping;                     /* [n] cache rows of the new tokens */
+    const int64_t *ctx_slots, *ctx_offset, *ctx_len; /* as kt_attention_decode_f32 */
+    int64_t n_ctx_slots;
+} kt_decode_step;
+
+int64_t kt_decode_scratch_floats(const kt_decode_layer *L, int64_t n);
+int kt_decode_layer_f32(kt_pool *pool, const kt_decode_layer *L, const kt_decode_step *s, const float *h_in,
+                        float *h_out, float *k_cache, float *v_cache, int64_t cache_rows, float *scratch,
+                        int64_t scratch_floats);
+
 /* ---- fused MoE experts ------------------------------------------------------------
  * One MoE layer's routed experts. Expert e computes
  *   y_e(x) = down_e( act(gate_e x) * (up_e x) )

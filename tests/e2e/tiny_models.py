@@ -36,6 +36,9 @@ TINY_CONFIGS: dict[str, tuple[str, dict]] = {
     "qwen3_moe": ("Qwen3MoeConfig", dict(_COMMON, intermediate_size=96, moe_intermediate_size=32,
                                          num_key_value_heads=2, head_dim=24, num_experts=16,
                                          num_experts_per_tok=4, norm_topk_prob=True)),
+    "qwen3_moe_dense1": ("Qwen3MoeConfig", dict(_COMMON, intermediate_size=96, moe_intermediate_size=32,
+                                                num_key_value_heads=2, head_dim=24, num_experts=16,
+                                                num_experts_per_tok=4, mlp_only_layers=[1])),
     "deepseek_v2_lite": ("DeepseekV2Config", dict(
         _MLA, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
         num_experts_per_tok=2, n_shared_experts=2, first_k_dense_replace=1, q_lora_rank=None,

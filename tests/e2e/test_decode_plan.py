@@ -1,0 +1,160 @@
+"""Decode steps through the native decoder layer (kt_cli.layers.decode_plan): the same
+logits as transformers, within the bounds of the module path; used for every layer of
+every pure decode step where the layer allows it; bad inputs refused with an error."""
+
+import pytest
+import torch
+
+from kt_cli import ops
+from kt_cli.layers.attention import AttentionContext
+from kt_cli.layers.decode_plan import DecodePlan
+from kt_cli.models.registry import ModelOptions, build_model
+from kt_cli.ops.ffi_args import OpError
+from kt_weights.checkpoint import open_checkpoint
+
+from test_models_vs_transformers import assert_close, greedy
+from tiny_models import VOCAB, PagedDriver, build_tiny, reference_logits, reference_model
+
+# kind -> layers with a plan: dense llama layers whole, MoE layers their attention half,
+# Qwen2-MoE none (its q/k/v projections have biases)
+PLANNED = {"llama": "all", "llama_tied": "all", "mixtral": "all", "qwen3_moe": "all", "qwen3_moe_dense1": "all",
+           "qwen2_moe": "none"}
+
+
+@pytest.fixture(scope="module", params=list(PLANNED))
+def tiny(request, tmp_path_factory):
+    directory = build_tiny(request.param, tmp_path_factory.mktemp(request.param))
+    return request.param, build_model(open_checkpoint(directory), ModelOptions()), reference_model(directory)
+
+
+def count_plan_calls(monkeypatch) -> list[int]:
+    calls = [0]
+    original = DecodePlan.__call__
+
+    def counted(self, h, ctx):
+        calls[0] += 1
+        return original(self, h, ctx)
+    monkeypatch.setattr(DecodePlan, "__call__", counted)
+    return calls
+
+
+def decode_pairs(model, ref, prompts: dict[int, list[int]], steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Prefill the prompts, then `steps` decode steps of every sequence (the reference's
+    greedy tokens): (kt logits, transformers logits) of each decoded token."""
+    driver = PagedDriver(model, seed=5)
+    seqs = dict(prompts)
+    driver.step(seqs)
+    pairs = []
+    for _ in range(steps):
+        chunks = {sid: [greedy(ref, ids)] for sid, ids in seqs.items()}
+        logits = driver.step(chunks)
+        for sid, new in chunks.items():
+            seqs[sid] = seqs[sid] + new
+            pairs.append((logits[sid], reference_logits(ref, seqs[sid])[-1:]))
+    return pairs
+
+
+def prompts(lengths) -> dict[int, list[int]]:
+    gen = torch.Generator().manual_seed(11)
+    return {i: torch.randint(0, VOCAB, (n,), generator=gen).tolist() for i, n in enumerate(lengths)}
+
+
+def test_which_layers_have_a_plan(tiny):
+    kind, model, _ = tiny
+    planned = [layer.decode_plan is not None for layer in model.layers]
+    assert all(planned) if PLANNED[kind] == "all" else not any(planned)
+    model.use_decode_plans(False)
+    assert not any(layer.decode_plan is not None for layer in model.layers)
+    model.use_decode_plans(True)
+
+
+@pytest.mark.parametrize("lengths", [(6,), (3, 9, 1)], ids=["one-sequence", "three-sequences"])
+def test_decode_steps_match_transformers(tiny, lengths, monkeypatch):
+    kind, model, ref = tiny
+    calls = count_plan_calls(monkeypatch)
+    steps = 4
+    planned = decode_pairs(model, ref, prompts(lengths), steps)
+    assert calls[0] == (steps * model.config.num_layers if PLANNED[kind] == "all" else 0)
+    assert_close(planned, f"{kind} decode through the native layer")
+    model.use_decode_plans(False)
+    try:
+        modules = decode_pairs(model, ref, prompts(lengths), steps)
+    finally:
+        model.use_decode_plans(True)
+    assert_close(modules, f"{kind} decode through the modules")
+    for (a, _), (b, _) in zip(planned, modules, strict=True):   # the same kernels: equal up to exp's rounding
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_dense_qwen3_layer_with_qk_norm_runs_whole(tmp_path):
+    """Per-head q/k norms with a dense MLP in one native call (Qwen3-MoE's mlp_only_layers);
+    its decode logits are checked with the other kinds above."""
+    model = build_model(open_checkpoint(build_tiny("qwen3_moe_dense1", tmp_path / "q")), ModelOptions())
+    plans = [layer.decode_plan for layer in model.layers]
+    assert [plan.dense for plan in plans] == [False, True]
+    assert all(plan.desc.qk_norm != plan.ffi.NULL and plan.desc.inter == (96 if plan.dense else 0) for plan in plans)
+
+
+# ---- refused inputs ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    directory = build_tiny("llama", tmp_path_factory.mktemp("llama"))
+    return build_model(open_checkpoint(directory), ModelOptions())
+
+
+def decode_context(model, slot: int = 9):
+    driver = PagedDriver(model)
+    batch = driver._batch({0: [3]})
+    batch.slot_mapping[0] = slot
+    return AttentionContext.build(batch, model.rotary, torch.float32), batch
+
+
+def test_bad_hidden_states_are_refused(llama):
+    plan = llama.layers[0].decode_plan
+    ctx, _ = decode_context(llama)
+    hidden = plan.hidden
+    for bad in (torch.zeros(1, hidden + 1), torch.zeros(1, hidden, dtype=torch.float64), torch.zeros(hidden),
+                torch.zeros(hidden, 2).t()):
+        with pytest.raises(OpError, match="hidden states"):
+            plan(bad, ctx)
+    plan(torch.zeros(1, hidden), ctx)
+    with pytest.raises(OpError, match="rows in a step"):
+        plan(torch.zeros(2, hidden), ctx)
+
+
+def test_a_slot_outside_the_cache_is_refused(llama):
+    plan = llama.layers[0].decode_plan
+    ctx, batch = decode_context(llama)
+    rows = batch.kv.layers[0][0].shape[0]
+    ctx.slot_mapping[0] = rows          # the step's description points at this tensor
+    with pytest.raises(OpError, match="kt_decode_layer_f32"):
+        plan(torch.zeros(1, plan.hidden), ctx)
+
+
+def test_native_layer_checks_its_sizes(llama):
+    plan = llama.layers[0].decode_plan
+    lib, ffi = plan.lib, plan.ffi
+    assert lib.kt_decode_scratch_floats(plan.desc, 0) < 0
+    assert lib.kt_decode_scratch_floats(ffi.NULL, 1) < 0
+    ctx, batch = decode_context(llama)
+    step = plan.ws.step_for(ctx, 1, plan.head_dim, ffi)
+    k, v = batch.kv.layers[0]
+    h, out = torch.zeros(1, plan.hidden), torch.empty(1, plan.hidden)
+    need = lib.kt_decode_scratch_floats(plan.desc, 1)
+    scratch = torch.empty(need)
+    p = lambda t: ffi.cast("float *", t.data_ptr())
+
+    def call(desc=plan.desc, floats=need, rows=k.shape[0]):
+        return lib.kt_decode_layer_f32(ops.pool().handle, desc, step, p(h), p(out), p(k), p(v), rows, p(scratch),
+                                       floats)
+    plan.desc.acts = lib.KT_ACTS_INT16
+    assert call() == 0
+    assert call(floats=need - 1) == lib.KT_EINVAL
+    assert call(rows=9) == lib.KT_EINVAL          # slot 9 is outside a 9-row cache
+    wrong = ffi.new("kt_decode_layer *", plan.desc[0])
+    wrong.hidden += 1                             # no longer the projections' width
+    assert call(desc=wrong) == lib.KT_EINVAL
+    wrong = ffi.new("kt_decode_layer *", plan.desc[0])
+    wrong.heads = wrong.kv_heads + 1              # not a multiple of the KV heads
+    assert call(desc=wrong) == lib.KT_EINVAL
