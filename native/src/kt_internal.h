@@ -160,7 +160,8 @@ static inline const uint8_t *kt_row_start(const kt_matrix *w, int64_t r)
 
 static inline const uint8_t *kt_code_at(const uint8_t *start, int64_t chunk_stride, int64_t b)
 {
-    return start + (b / KT_TILE_CHUNK) * chunk_stride + b % KT_TILE_CHUNK;
+    uint64_t u = (uint64_t)b;      /* b >= 0: unsigned, so / and % are a shift and a mask */
+    return start + (int64_t)(u / KT_TILE_CHUNK) * chunk_stride + (int64_t)(u % KT_TILE_CHUNK);
 }
 
 /* Per-thread buffers (threadbuf.c), grown on demand and kept; one per slot. */

@@ -128,10 +128,11 @@ static void float_block_f16(float *o, int64_t l, const kt_matrix *w, int64_t r0,
 #define INT_TOKENS(fmt) ((fmt) == KT_I4 ? 2 : 4)
 #endif
 
-#define INT_TILE(RT, TT) int_tile(o, ldo, w, r, RT, a, t0, TT, fmt, asym)
+#define INT_TILE(RT, TT) int_tile(o, ldo, w, r, RT, a, t0, TT, fmt, asym, tiled)
 
-KT_INLINE void int_block(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t b0,
-                         int64_t b1, const kt_acts *a, const int32_t fmt, const int asym)
+/* tiled: w's layout as a constant, so the tiles' address arithmetic folds */
+KT_INLINE void int_block_in(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t b0,
+                            int64_t b1, const kt_acts *a, const int32_t fmt, const int asym, const int tiled)
 {
     const int tokens = INT_TOKENS(fmt);
     for (int64_t t0 = 0; t0 < a->m; t0 += tokens) {
@@ -141,6 +142,15 @@ KT_INLINE void int_block(float *out, int64_t ldo, const kt_matrix *w, int64_t r0
         const int rows = tt <= 2 ? 4 : INT_ROWS(fmt);
         ROW_TILES(INT_TILE, rows, tt)
     }
+}
+
+KT_INLINE void int_block(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t b0,
+                         int64_t b1, const kt_acts *a, const int32_t fmt, const int asym)
+{
+    if (w->layout == KT_LAYOUT_TILES)
+        int_block_in(out, ldo, w, r0, b0, b1, a, fmt, asym, 1);
+    else
+        int_block_in(out, ldo, w, r0, b0, b1, a, fmt, asym, 0);
 }
 
 static void int_block_i8(float *o, int64_t l, const kt_matrix *w, int64_t r0, int64_t b0,

@@ -454,12 +454,13 @@ KT_INLINE void int_dots(float dots[4][4], const int_rows *rows, const int RT, co
  * The zero-point term (I4, asymmetric W) is, per row and token, the dot product of
  * the row's mins (or -8 * its scales) with the token's group sums. */
 KT_INLINE void int_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r, const int RT,
-                        const kt_acts *a, int64_t t0, const int TT, const int32_t fmt, const int asym)
+                        const kt_acts *a, int64_t t0, const int TT, const int32_t fmt, const int asym,
+                        const int tiled)
 {
     int64_t cols = w->cols, group = w->group, n_groups = cols / group;
     int_rows rows;
-    rows.chunk_stride = kt_chunk_stride(w);
-    rows.ahead = w->layout == KT_LAYOUT_TILES ? KT_PREFETCH_CHUNKS * rows.chunk_stride : RT * kt_row_bytes(w);
+    rows.chunk_stride = tiled ? (int64_t)KT_TILE_CHUNK * KT_TILE_ROWS : KT_TILE_CHUNK;   /* kt_chunk_stride(w) */
+    rows.ahead = tiled ? KT_PREFETCH_CHUNKS * rows.chunk_stride : RT * kt_row_bytes(w);
     for (int i = 0; i < RT; i++) {
         rows.codes[i] = kt_row_start(w, r + i);
         rows.scale[i] = w->scale + (r + i) * n_groups;
