@@ -6,13 +6,14 @@ weights streamed through the caches have evicted the interpreter's data each cos
 several times more: on SmolLM2 (30 layers of 576) that glue outweighed the kernels.
 A DecodePlan hands the whole layer to kt_decode_layer_f32 (kt.h), which runs the same
 kernels in the same order: norm, fused qkv projection, per-head norm (Qwen3), rope,
-cache write, decode attention, o_proj and the residual, then a dense gated SiLU MLP
+cache write, decode attention, o_proj (with the projections' biases, if any) and the
+residual, then a dense gated SiLU MLP
 (other MLPs, MoE blocks, stay modules: the call covers the attention half only).
 
 The layer's shapes and weight descriptors are checked once, when the plan is built
 (C checks them again on every call); the step's contexts once per step; the hidden
-states on every call. Layers a plan does not cover (biases, MLA, float weights, GPU
-or non-float32 models) keep the module path: plan_for() returns None for them."""
+states on every call. Layers a plan does not cover (MLA, GPU or non-float32 models) keep
+the module path: plan_for() returns None for them; a dense MLP with biases runs as modules."""
 
 import torch
 import torch.nn.functional as F
@@ -72,14 +73,14 @@ def _native_step(ctx: AttentionContext, n: int, head_dim: int, ffi):
 
 def plan_for(layer, workspace: DecodeWorkspace) -> "DecodePlan | None":
     """A plan for this decoder layer when its attention half (and its MLP, if dense) runs
-    on kt's CPU kernels in float32 without biases; else None."""
+    on kt's CPU kernels in float32 (biases only on the attention projections); else None."""
     attn, mlp = layer.attn, layer.mlp
     if not (isinstance(attn, GQAAttention) and _norm_ok(layer.input_norm) and _norm_ok(layer.post_norm)):
         return None
     if attn.qk_norm is not None and not _norm_ok(attn.qk_norm):
         return None
-    if not (attn.qkv.fused and _linear_ok(attn.qkv.linears[0]) and _linear_ok(attn.o_proj)
-            and rope_dim_ok(attn.head_dim)):
+    if not (attn.qkv.fused and _linear_ok(attn.qkv.linears[0], biased=True)
+            and _linear_ok(attn.o_proj, biased=True) and rope_dim_ok(attn.head_dim)):
         return None
     dense = (isinstance(mlp, GatedMLP) and mlp.act is F.silu and mlp.gate_up.fused
              and _linear_ok(mlp.gate_up.linears[0]) and _linear_ok(mlp.down))
@@ -90,8 +91,14 @@ def _norm_ok(norm) -> bool:
     return isinstance(norm, RMSNorm) and norm.f32_weight and norm.weight.device.type == "cpu"
 
 
-def _linear_ok(linear) -> bool:
-    return isinstance(linear, Linear) and linear.kernel is not None and linear.bias is None
+def _linear_ok(linear, biased: bool = False) -> bool:
+    """A CPU kernel layer; with a bias only where `biased` (the attention projections) and a
+    float32 one of the layer's width."""
+    if not (isinstance(linear, Linear) and linear.kernel is not None):
+        return False
+    b = linear.bias
+    return b is None or (biased and b.dtype == torch.float32 and b.device.type == "cpu" and b.is_contiguous()
+                         and tuple(b.shape) == (linear.rows,))
 
 
 class DecodePlan:
@@ -117,6 +124,9 @@ class DecodePlan:
             d.qk_norm, d.qk_eps = ffi.cast("const float *", attn.qk_norm.weight.data_ptr()), attn.qk_norm.eps
         d.scale, d.interleaved = attn.scale, int(attn.rotary.spec.interleaved)
         d.qkv, d.o_proj = attn.qkv.linears[0].kernel.desc, attn.o_proj.kernel.desc
+        for field, linear in (("qkv_bias", attn.qkv.linears[0]), ("o_bias", attn.o_proj)):
+            if linear.bias is not None:
+                setattr(d, field, ffi.cast("const float *", linear.bias.data_ptr()))
         if dense:
             d.gate_up, d.down = mlp.gate_up.linears[0].kernel.desc, mlp.down.kernel.desc
         if self.lib.kt_decode_scratch_floats(d, 1) < 0:

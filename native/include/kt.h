@@ -186,12 +186,12 @@ int kt_attention_decode_f32(kt_pool *pool, float *out, const float *q, int64_t n
 
 /* ---- one decoder layer of a decode step ------------------------------------------
  * A plain GQA layer on n decode rows (one new token each), float32, in one call:
- *   x = rmsnorm(h_in, in_norm, eps); qkv = x @ qkv^T  (q heads, k heads, v heads)
+ *   x = rmsnorm(h_in, in_norm, eps); qkv = x @ qkv^T (+ qkv_bias)  (q, k, v heads)
  *   optional per-head rmsnorm of the q and k heads (qk_norm [heads + kv_heads,
  *   head_dim], qk_eps); rope (cos, sin [n, head_dim] as kt_rope_f32, interleaved);
  *   k, v rows written to the caches at slot_mapping[i]; attention as
  *   kt_attention_decode_f32 over the step's contexts with `scale`;
- *   h_out = h_in + attn @ o_proj^T; then, when inter > 0 (a dense gated MLP):
+ *   h_out = h_in + (attn @ o_proj^T (+ o_bias)); then, when inter > 0 (a dense MLP):
  *   h_out += down(silu(gate) * up), gate and up the first and last `inter` rows of
  *   gate_up applied to rmsnorm(h_out, post_norm, post_eps). inter == 0 leaves the
  *   MLP to the caller (MoE layers). Linear layers take `acts` as kt_linear.
@@ -205,6 +205,7 @@ typedef struct kt_decode_layer {
     float eps, post_eps, qk_eps, scale;
     const kt_matrix *qkv, *o_proj, *gate_up, *down; /* gate_up, down: inter > 0 */
     int32_t interleaved, acts;
+    const float *qkv_bias, *o_bias;                 /* [Q + 2K] and [hidden], or NULL: none */
 } kt_decode_layer;
 
 typedef struct kt_decode_step {

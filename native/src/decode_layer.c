@@ -7,10 +7,10 @@
  * kernels the Python layers call, in the same order:
  *
  *   x   = rmsnorm(h_in, in_norm)
- *   qkv = x @ Wqkv^T                       (q heads, then k heads, then v heads)
+ *   qkv = x @ Wqkv^T (+ bias)              (q heads, then k heads, then v heads)
  *   qk  = rmsnorm per head (qk_norm)       (optional)
  *   rope(q, k); cache[slot_mapping] = k, v
- *   h   = h_in + attention(q, cache) @ Wo^T
+ *   h   = h_in + (attention(q, cache) @ Wo^T (+ bias))
  *   if inter > 0:  h += down(silu(gate(x')) * up(x')),  x' = rmsnorm(h, post_norm)
  *
  * Scratch (floats, kt_decode_scratch_floats): x [n, H], qkv [n, Q + 2K], q [n, Q],
@@ -98,6 +98,14 @@ static void write_cache(const kt_decode_layer *L, const kt_decode_step *s, const
     }
 }
 
+/* y [n, cols] += bias [cols] on every row; no bias: nothing */
+static void add_bias(float *y, const float *bias, int64_t n, int64_t cols)
+{
+    for (int64_t t = 0; bias && t < n; t++)
+        for (int64_t k = 0; k < cols; k++)
+            y[t * cols + k] += bias[k];
+}
+
 static int attention_half(kt_pool *pool, const kt_decode_layer *L, const kt_decode_step *s, const float *h_in,
                           float *h_out, float *k_cache, float *v_cache, int64_t cache_rows, const scratch *b)
 {
@@ -105,6 +113,7 @@ static int attention_half(kt_pool *pool, const kt_decode_layer *L, const kt_deco
     int rc = kt_rmsnorm_f32(b->x, h_in, L->in_norm, n, H, 1, L->eps);
     if (rc == KT_OK)
         rc = kt_linear(pool, b->qkv, b->x, n, L->qkv, L->acts);
+    add_bias(b->qkv, L->qkv_bias, n, row);
     int32_t qk_heads = L->heads + L->kv_heads;
     for (int64_t i = 0; rc == KT_OK && L->qk_norm && i < n; i++)
         rc = kt_rmsnorm_f32(b->qkv + i * row, b->qkv + i * row, L->qk_norm, qk_heads, L->head_dim, qk_heads,
@@ -123,6 +132,7 @@ static int attention_half(kt_pool *pool, const kt_decode_layer *L, const kt_deco
         rc = kt_linear(pool, b->o, b->attn, n, L->o_proj, L->acts);
     if (rc != KT_OK)
         return rc;
+    add_bias(b->o, L->o_bias, n, H);
     for (int64_t k = 0; k < n * H; k++)
         h_out[k] = h_in[k] + b->o[k];
     return KT_OK;

@@ -15,10 +15,10 @@ from kt_weights.checkpoint import open_checkpoint
 from test_models_vs_transformers import assert_close, greedy
 from tiny_models import VOCAB, PagedDriver, build_tiny, reference_logits, reference_model
 
-# kind -> layers with a plan: dense llama layers whole, MoE layers their attention half,
-# Qwen2-MoE none (its q/k/v projections have biases)
+# kind -> layers with a plan: every GQA layer (dense llama layers whole, MoE layers their
+# attention half; Qwen2-MoE's q/k/v projections have biases, and its layer 1 is dense), no MLA one
 PLANNED = {"llama": "all", "llama_tied": "all", "mixtral": "all", "qwen3_moe": "all", "qwen3_moe_dense1": "all",
-           "qwen2_moe": "none"}
+           "qwen2_moe": "all", "deepseek_v2_lite": "none"}
 
 
 @pytest.fixture(scope="module", params=list(PLANNED))
@@ -63,6 +63,8 @@ def test_which_layers_have_a_plan(tiny):
     kind, model, _ = tiny
     planned = [layer.decode_plan is not None for layer in model.layers]
     assert all(planned) if PLANNED[kind] == "all" else not any(planned)
+    if kind == "qwen2_moe":
+        assert all(layer.decode_plan.desc.qkv_bias != layer.decode_plan.ffi.NULL for layer in model.layers)
     model.use_decode_plans(False)
     assert not any(layer.decode_plan is not None for layer in model.layers)
     model.use_decode_plans(True)
