@@ -18,6 +18,12 @@ def sources() -> list[str]:
     return sorted(str(p.relative_to(NATIVE.parent)) for p in (NATIVE / "src").glob("*.c"))
 
 
+def headers() -> list[str]:
+    """What the sources include: a build whose library is older than any of them recompiles
+    (without this, editing only a header left the old library in place)."""
+    return sorted(str(p.relative_to(NATIVE.parent)) for p in [HEADER, *(NATIVE / "src").glob("*.h")])
+
+
 def make_ffi(variant: Variant) -> FFI:
     ffi = FFI()
     ffi.cdef(HEADER.read_text())
@@ -25,6 +31,7 @@ def make_ffi(variant: Variant) -> FFI:
         module_name(variant),
         '#include "kt.h"',
         sources=sources(),
+        depends=headers(),
         include_dirs=[str(NATIVE.relative_to(NATIVE.parent) / "include")],
         define_macros=[("KT_VARIANT", f'"{variant.name}"')],
         extra_compile_args=[*COMMON_CFLAGS, *variant.cflags],
