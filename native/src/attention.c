@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include "kt_internal.h"
 #include "simd_float.h"
+#include "simd_math.h"
 
 #define ATTN_BLOCK 32
 
@@ -42,40 +43,6 @@ static float dot_f32(const float *a, const float *b, int64_t n)
         s += a[k] * b[k];
     return s;
 }
-
-/* exp(x) for x <= 0 (a score minus its running maximum), VF_N lanes at once:
- * x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact to float),
- * exp(r) by its degree-6 Taylor polynomial (truncation < 2e-7 relative), times 2^n
- * put in the exponent bits. x is clamped to -87 (exp ~ 1.6e-38, no subnormal 2^n):
- * such a term is invisible beside the maximum's exp(0) = 1 in the sum. */
-#if defined(__AVX512F__)
-static inline vf vf_exp_nonpos(vf x)
-{
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-    vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682e-6f), r);
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-#elif defined(__AVX2__)
-static inline vf vf_exp_nonpos(vf x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682e-6f), r);
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-#endif
-#if defined(__AVX512F__) || defined(__AVX2__)
-    static const float taylor[7] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
-    vf p = vf_set1(taylor[0]);
-    for (int i = 1; i < 7; i++)
-        p = vf_fma(p, r, vf_set1(taylor[i]));
-    return p * (vf)e;
-}
-#else
-static inline vf vf_exp_nonpos(vf x) { return expf(x); }
-#endif
 
 /* s[b] = exp(s[b] - m) for b < nb; returns their sum */
 static float exp_shifted(float *s, int nb, float m)

@@ -21,6 +21,7 @@
 #include <math.h>
 #include <string.h>
 #include "kt_internal.h"
+#include "simd_math.h"
 
 typedef struct scratch {
     float *x, *qkv, *q, *attn, *o, *gate_up, *act, *down;
@@ -147,12 +148,8 @@ static int mlp_half(kt_pool *pool, const kt_decode_layer *L, int64_t n, float *h
         rc = kt_linear(pool, b->gate_up, b->x, n, L->gate_up, L->acts);
     if (rc != KT_OK)
         return rc;
-    for (int64_t t = 0; t < n; t++) {
-        const float *g = b->gate_up + t * 2 * I, *u = g + I;
-        float *a = b->act + t * I;
-        for (int64_t k = 0; k < I; k++)
-            a[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
-    }
+    for (int64_t t = 0; t < n; t++)
+        silu_mul_f32(b->act + t * I, b->gate_up + t * 2 * I, b->gate_up + t * 2 * I + I, I);
     rc = kt_linear(pool, b->down, b->act, n, L->down, L->acts);
     if (rc != KT_OK)
         return rc;

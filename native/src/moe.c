@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kt_internal.h"
+#include "simd_math.h"
 
 #define UNIT_TOKENS 128
 #define MAX_BLOCK 256       /* rows a task streams per matrix: longer runs than 64 rows were 2-10% faster
@@ -142,8 +143,7 @@ static void wait_zero(atomic_int *flag)
 /* g <- silu(g) * u = g * sigmoid(g) * u */
 static void act_silu(float *g, const float *u, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++)
-        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    silu_mul_f32(g, g, u, n);
 }
 
 /* gpt-oss: g <- min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, +-limit) + 1) */

@@ -227,6 +227,16 @@ def test_swiglu_clamp(variant, name, T):
     assert rel_err(moe_reference(name, x, ids, weights).float(), clamped) > 0.1
 
 
+@pytest.mark.parametrize("name", ["bf16", "i8_g32"])
+def test_silu_far_into_both_tails(variant, name):
+    """Gate pre-activations of several tens either way: the vectorised SiLU takes exp of -|g|
+    only, and picks 1 / (1 + e) or e / (1 + e) by the sign."""
+    moe = layer(name, variant.ops)
+    x = tokens(23) * 50
+    ids, weights = routing(23, seed=13)
+    assert_close(moe.forward(x, ids, weights), name, variant.name, x, ids, weights)
+
+
 @pytest.mark.parametrize("name", ["bf16", "i4_g32_sym"])
 def test_submit_equals_forward_and_is_deterministic(variant, name):
     moe = layer(name, variant.ops)
