@@ -33,9 +33,8 @@ class DecodeWorkspace:
 
     def __init__(self):
         self.scratch = torch.empty(0, dtype=torch.float32)
-        self.step_ctx: AttentionContext | None = None
+        self.step_ctx: AttentionContext | None = None   # held: it keeps the tensors `step` points into
         self.step = None        # kt_decode_step of step_ctx
-        self.step_keep = ()     # the tensors its pointers point into
 
     def scratch_for(self, floats: int) -> torch.Tensor:
         if self.scratch.numel() < floats:
@@ -46,7 +45,6 @@ class DecodeWorkspace:
     def step_for(self, ctx: AttentionContext, n: int, head_dim: int, ffi):
         if self.step_ctx is not ctx:
             self.step = _native_step(ctx, n, head_dim, ffi)
-            self.step_keep = (ctx.decode, ctx.rope, ctx.slot_mapping)
             self.step_ctx = ctx
         elif self.step.n != n:
             raise OpError(f"decode plan: {n} rows in a step of {self.step.n}")
@@ -109,6 +107,7 @@ class DecodePlan:
         self.ffi, self.lib = self.pool.kernels.ffi, self.pool.kernels.lib
         self.hidden, self.head_dim, self.cache_index = attn.o_proj.rows, attn.head_dim, attn.layer
         self.desc = self._describe(layer, dense)
+        self.acts_kinds = attn.o_proj.kernel.kinds      # dense_acts() name -> kt_acts_kind
         self.checked_caches = None
         self.scratch_floats = {}
 
@@ -144,7 +143,7 @@ class DecodePlan:
         floats = self.scratch_floats.get(n) or self.scratch_floats.setdefault(
             n, self.lib.kt_decode_scratch_floats(self.desc, n))
         scratch = self.ws.scratch_for(floats)
-        self.desc.acts = self.lib.KT_ACTS_INT16 if dense_acts(n) == "int16" else self.lib.KT_ACTS_F32
+        self.desc.acts = self.acts_kinds[dense_acts(n)]
         out = torch.empty_like(h)
         cast = self.ffi.cast
         rc = self.lib.kt_decode_layer_f32(

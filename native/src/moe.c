@@ -140,12 +140,6 @@ static void wait_zero(atomic_int *flag)
 
 /* ---- activations ------------------------------------------------------------- */
 
-/* g <- silu(g) * u = g * sigmoid(g) * u */
-static void act_silu(float *g, const float *u, int64_t n)
-{
-    silu_mul_f32(g, g, u, n);
-}
-
 /* gpt-oss: g <- min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, +-limit) + 1) */
 static void act_swiglu_clamp(float *g, const float *u, int64_t n, float limit, float alpha)
 {
@@ -161,7 +155,7 @@ static void activate(const kt_moe_desc *d, float *g, const float *u, int64_t n)
     if (d->activation == KT_ACT_SWIGLU_CLAMP)
         act_swiglu_clamp(g, u, n, d->clamp_limit, d->alpha);
     else
-        act_silu(g, u, n);
+        silu_mul_f32(g, g, u, n);     /* g <- silu(g) * u */
 }
 
 /* ---- the four task kinds --------------------------------------------------------- */
