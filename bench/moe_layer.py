@@ -5,6 +5,11 @@ machine (the probe `kt doctor` uses) as the ceiling for decode.
     python bench/moe_layer.py                       # default run, < ~3 minutes
     python bench/moe_layer.py --shapes deepseek-v3 --tokens 1 8 128 --formats i4_g128
     python bench/moe_layer.py --threads 4 --min-time 1.0
+    python bench/moe_layer.py --layouts --formats i4_g32 i4_g128 --tokens 1 8   # row8 vs tiled
+
+--layouts times each I4 format twice, in its default layout (row8 where the kernels
+have the 8-row kernel) and tiled (fmt name + "/tiled"), alternating the two ROUNDS
+times and keeping each one's fastest round, so both see the same load.
 
 Weights are random codes (the kernels' speed does not depend on the values);
 routing is uniform random top-k, drawn afresh for each of DRAWS calls that the timing
@@ -24,7 +29,7 @@ import argparse
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -34,6 +39,7 @@ from kt_cli.ops.moe import MoEExperts
 from kt_weights.layout import Format, QMatrix
 
 RAM_SHARE = 0.7
+ROUNDS = 3          # --layouts: alternations of the two layouts
 DRAWS = 16          # routings a row's timed calls cycle through
 
 
@@ -199,7 +205,7 @@ def measure(shape_name: str, shape: Shape, name: str, moe: MoEExperts, T: int, a
 
 # ---- report -------------------------------------------------------------------------------
 
-HEADER = f"{'shape':<14} {'fmt':<8} {'T':>5} {'kt ms':>9} {'GB/s':>7} {'%bw':>5} {'GOP/s':>7} {'torch ms':>9} {'speedup':>8}"
+HEADER = f"{'shape':<14} {'fmt':<13} {'T':>5} {'kt ms':>9} {'GB/s':>7} {'%bw':>5} {'GOP/s':>7} {'torch ms':>9} {'speedup':>8}"
 
 
 def format_row(r: Row, shape: Shape, bw: float) -> str:
@@ -207,7 +213,7 @@ def format_row(r: Row, shape: Shape, bw: float) -> str:
     gops = 2 * 3 * shape.hidden * shape.inter * r.pairs / r.kt_s / 1e9
     torch_ms = f"{r.torch_s * 1e3:9.2f}" if r.torch_s else f"{'n/a':>9}"
     speedup = f"{r.torch_s / r.kt_s:7.2f}x" if r.torch_s else f"{'':>8}"
-    return (f"{r.shape:<14} {r.fmt:<8} {r.T:>5} {r.kt_s * 1e3:9.2f} {gbs:7.2f} {100 * gbs / bw:4.0f}% "
+    return (f"{r.shape:<14} {r.fmt:<13} {r.T:>5} {r.kt_s * 1e3:9.2f} {gbs:7.2f} {100 * gbs / bw:4.0f}% "
             f"{gops:7.1f} {torch_ms} {speedup}")
 
 
@@ -218,13 +224,30 @@ def run_shape(shape_name: str, args, ops: Ops, bw: float) -> None:
     for name in args.formats or shape.default_formats:
         gb = shape.experts * expert_bytes(shape, name) / 1e9
         if gb * 1e9 > RAM_SHARE * hardware.memory().available_bytes:
-            print(f"{shape_name:<14} {name:<8} skipped: needs {gb:.1f} GB, more than "
+            print(f"{shape_name:<14} {name:<13} skipped: needs {gb:.1f} GB, more than "
                   f"{RAM_SHARE:.0%} of the available RAM", flush=True)
             continue
-        moe = MoEExperts(*layer_weights(shape, name), ops=ops)
+        weights = layer_weights(shape, name)
+        layouts = {name: MoEExperts(*weights, ops=ops)}
+        if args.layouts and FORMATS[name][0] == Format.I4:
+            layouts[f"{name}/tiled"] = MoEExperts(*weights, ops=ops, row8=False)
         for T in tokens:
-            print(format_row(measure(shape_name, shape, name, moe, T, args, baseline), shape, bw), flush=True)
-        del moe
+            for row in measure_layouts(shape_name, shape, layouts, T, args, baseline):
+                print(format_row(row, shape, bw), flush=True)
+        del layouts, weights
+
+
+def measure_layouts(shape_name: str, shape: Shape, layouts: dict[str, MoEExperts], T: int, args,
+                    baseline: dict[int, float]) -> list[Row]:
+    """One row per layout; with several, the fastest of ROUNDS alternations each."""
+    rounds = ROUNDS if len(layouts) > 1 else 1
+    best: dict[str, Row] = {}
+    for _ in range(rounds):
+        for label, moe in layouts.items():
+            row = replace(measure(shape_name, shape, label.split("/")[0], moe, T, args, baseline), fmt=label)
+            if label not in best or row.kt_s < best[label].kt_s:
+                best[label] = row
+    return list(best.values())
 
 
 def parse_args() -> argparse.Namespace:
@@ -240,6 +263,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--torch-threads", type=int, help="default: --threads (on a loaded machine torch's "
                    "OpenMP threads slow down far more than kt's pool; try 1)")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--layouts", action="store_true", help="I4 also tiled, alternating with the default layout")
     return p.parse_args()
 
 

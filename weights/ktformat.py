@@ -55,8 +55,8 @@ def read_format_file(directory: Path) -> dict:
 
 
 def matrix_entry(m: QMatrix) -> dict:
-    if m.tiled:
-        raise WeightsError("a tiled matrix is an in-memory layout: untile it before writing")
+    if m.in_memory_layout:
+        raise WeightsError("a tiled or row8 matrix is an in-memory layout: bring it back to rows before writing")
     return {"format": m.format.name, "rows": m.rows, "cols": m.cols, "group": m.group}
 
 

@@ -13,6 +13,9 @@ A matrix W is (rows, cols); linear layers compute x @ W.T.
 In memory only (never on disk), an I8/I4 matrix may be `tiled` (kt.h,
 KT_LAYOUT_TILES): the same bytes with every 4 rows interleaved in 64-byte chunks,
 so the CPU kernels stream a row tile as one run (`tile_rows`, `untile_rows`).
+An I4 matrix may instead be `row8` (kt.h, KT_LAYOUT_ROW8): every 8 rows' 32-column
+blocks interleaved 4 bytes at a time, and their scales (and mins) per group, so one
+load holds the same columns of 8 rows (`to_row8`, `from_row8`).
 """
 
 from dataclasses import dataclass
@@ -27,6 +30,7 @@ LAYOUT_VERSION = 1
 I4_BLOCK = 32
 TILE_ROWS = 4       # kt.h KT_TILE_ROWS
 TILE_CHUNK = 64     # kt.h KT_TILE_CHUNK, bytes
+ROW8_ROWS = 8       # kt.h KT_ROW8_ROWS
 
 
 class Format(IntEnum):
@@ -58,6 +62,7 @@ class QMatrix:
     scale: torch.Tensor | None = None
     min: torch.Tensor | None = None
     tiled: bool = False
+    row8: bool = False
 
     def __post_init__(self) -> None:
         self.format = Format(self.format)
@@ -74,6 +79,13 @@ class QMatrix:
         else:
             _expect(self.data, _FLOAT_DTYPES[self.format], (self.rows, self.cols), "data")
         _check(not self.tiled or can_tile(self), f"a {self.format.name} {self.rows}x{self.cols} matrix cannot be tiled")
+        _check(not self.row8 or can_row8(self), f"a {self.format.name} {self.rows}x{self.cols} matrix cannot be row8")
+        _check(not (self.tiled and self.row8), "a matrix is tiled or row8, not both")
+
+    @property
+    def in_memory_layout(self) -> bool:
+        """Whether the codes are in a kernel layout (tiled or row8) that is never written to disk."""
+        return self.tiled or self.row8
 
     def nbytes(self) -> int:
         tensors = (self.data, self.scale, self.min)
@@ -84,6 +96,8 @@ class QMatrix:
             return self.data.float()
         if self.tiled:
             return untile_rows(self).dequantize()
+        if self.row8:
+            return from_row8(self).dequantize()
         q = unpack_i4(self.data, self.cols) if self.format == Format.I4 else self.data.float()
         scale = self.scale.repeat_interleave(self.group, dim=1)
         if self.min is not None:
@@ -139,6 +153,45 @@ def untile_rows(m: QMatrix) -> QMatrix:
     chunks = m.data.reshape(rows // TILE_ROWS, nbytes // TILE_CHUNK, TILE_ROWS, TILE_CHUNK)
     data = chunks.transpose(1, 2).contiguous().reshape(rows, nbytes)
     return QMatrix(m.format, m.rows, m.cols, data, m.group, m.scale, m.min)
+
+
+def can_row8(m: QMatrix) -> bool:
+    """Whether m's shape allows the row8 layout (kt.h KT_LAYOUT_ROW8)."""
+    return m.format == Format.I4 and m.rows % ROW8_ROWS == 0 and m.cols % 64 == 0
+
+
+def to_row8(m: QMatrix) -> QMatrix:
+    """m in the row8 layout (copies of codes, scale and min): the 4 bytes 4j..4j+3 of
+    row r's block b move to (r // 8) * 8 * row_bytes + b * 128 + j * 32 + (r % 8) * 4,
+    the scale of row r, group g to (r // 8) * 8 * n_groups + g * 8 + r % 8."""
+    _check(not m.in_memory_layout, "the matrix is in a kernel layout already")
+    _check(can_row8(m), f"a {m.format.name} {m.rows}x{m.cols} matrix cannot be row8")
+    words = m.data.view(torch.int32).reshape(m.rows // ROW8_ROWS, ROW8_ROWS, m.cols // I4_BLOCK, 4)
+    data = words.permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(m.rows, m.cols // 2)
+    return QMatrix(m.format, m.rows, m.cols, data, m.group, _groups_by_8(m.scale), _groups_by_8(m.min), row8=True)
+
+
+def from_row8(m: QMatrix) -> QMatrix:
+    """The inverse of to_row8: m back in the row layout."""
+    _check(m.row8, "the matrix is not row8")
+    words = m.data.view(torch.int32).reshape(m.rows // ROW8_ROWS, m.cols // I4_BLOCK, 4, ROW8_ROWS)
+    data = words.permute(0, 3, 1, 2).contiguous().view(torch.uint8).reshape(m.rows, m.cols // 2)
+    return QMatrix(m.format, m.rows, m.cols, data, m.group, _rows_by_8(m.scale), _rows_by_8(m.min))
+
+
+def _groups_by_8(t: torch.Tensor | None) -> torch.Tensor | None:
+    """(rows, n_groups) row-major -> the same shape holding [rows/8][n_groups][8]"""
+    if t is None:
+        return None
+    rows, groups = t.shape
+    return t.reshape(rows // ROW8_ROWS, ROW8_ROWS, groups).transpose(1, 2).contiguous().reshape(rows, groups)
+
+
+def _rows_by_8(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None:
+        return None
+    rows, groups = t.shape
+    return t.reshape(rows // ROW8_ROWS, groups, ROW8_ROWS).transpose(1, 2).contiguous().reshape(rows, groups)
 
 
 def pack_i4(q: torch.Tensor) -> torch.Tensor:

@@ -91,7 +91,7 @@ class _Identity:
 
 
 def _fingerprint(w: QMatrix) -> tuple:
-    return (w.format, w.group, w.rows, w.cols, w.tiled, _Identity(w.data), _Identity(w.scale), _Identity(w.min))
+    return (w.format, w.group, w.rows, w.cols, w.tiled, w.row8, _Identity(w.data), _Identity(w.scale), _Identity(w.min))
 
 
 def _new_descriptor(ffi, w: QMatrix, what: str):
@@ -107,7 +107,7 @@ def _new_descriptor(ffi, w: QMatrix, what: str):
     desc.data = pointer(ffi, w.data, "const void *")
     desc.scale = pointer(ffi, w.scale, "const float *") if w.scale is not None else ffi.NULL
     desc.min = pointer(ffi, w.min, "const float *") if w.min is not None else ffi.NULL
-    desc.layout = 1 if w.tiled else 0     # kt.h KT_LAYOUT_TILES / KT_LAYOUT_ROWS
+    desc.layout = 2 if w.row8 else 1 if w.tiled else 0     # kt.h KT_LAYOUT_ROW8 / TILES / ROWS
     return desc
 
 

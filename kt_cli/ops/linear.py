@@ -2,7 +2,7 @@
 
 import torch
 
-from kt_weights.layout import QMatrix, can_tile
+from kt_weights.layout import QMatrix, can_row8, can_tile, to_row8
 
 from .ffi_args import OpError, check, check_status, kt_matrix, matrix_2d, pointer
 from .pool import Pool
@@ -53,7 +53,7 @@ def kernel_layout(w: QMatrix, pool: Pool | None = None) -> QMatrix:
     where the shape allows (a copy of the codes, made by the native kt_tile_codes
     on the pool's threads), else w itself. Decode of one I4 2048 x 2048 matrix
     from DRAM on a 2-core Zen 3 guest: 1.6x faster tiled."""
-    if w.tiled or not can_tile(w):
+    if w.in_memory_layout or not can_tile(w):
         return w
     pool = pool if pool is not None else _default_pool()
     ffi, lib = pool.kernels.ffi, pool.kernels.lib
@@ -64,6 +64,19 @@ def kernel_layout(w: QMatrix, pool: Pool | None = None) -> QMatrix:
                            rows, row_bytes)
     check_status(rc, "kt_tile_codes")
     return QMatrix(w.format, w.rows, w.cols, data, w.group, w.scale, w.min, tiled=True)
+
+
+def expert_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None) -> QMatrix:
+    """w as a routed expert's matrix streams fastest: I4 in the row8 layout (kt.h
+    KT_LAYOUT_ROW8) where the shape allows and the kernels have the 8-row kernel
+    (row8=None; True or False forces the choice), else kernel_layout(w). One MoE
+    layer's I4 decode from DRAM on a 2-core Zen 3 guest: see bench/moe_layer.py --layouts."""
+    pool = pool if pool is not None else _default_pool()
+    if row8 is None:
+        row8 = bool(pool.kernels.lib.kt_row8_kernel())
+    if row8 and not w.in_memory_layout and can_row8(w):
+        return to_row8(w)
+    return kernel_layout(w, pool)
 
 
 def _default_pool() -> Pool:

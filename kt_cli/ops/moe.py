@@ -15,7 +15,7 @@ from kt_weights.layout import Format, QMatrix
 
 from . import numa
 from .ffi_args import OpError, check_status, check_tensor, kt_matrix, pointer
-from .linear import kernel_layout
+from .linear import expert_layout
 
 ACTIVATIONS = {"silu": 0, "swiglu_clamp": 1}
 MAX_TOP_K = 4096
@@ -102,15 +102,15 @@ class MoEExperts:
 
     def __init__(self, gate: list[QMatrix], up: list[QMatrix], down: list[QMatrix],
                  activation: str = "silu", clamp_limit: float = 0.0, alpha: float = 1.0, ops=None,
-                 tiled: bool = True):
+                 kernel_layouts: bool = True, row8: bool | None = None):
         _check(activation in ACTIVATIONS, f"unknown activation {activation!r} (known: {', '.join(ACTIVATIONS)})")
         _check(activation != "swiglu_clamp" or clamp_limit > 0,
                f"swiglu_clamp needs clamp_limit > 0, got {clamp_limit}")
         self.shape = _validate(gate, up, down)
-        # tiled (kernel_layout): copies of the codes, which decode streams faster
-        layout = kernel_layout if tiled else (lambda m: m)
-        self.weights = tuple([layout(m) for m in mats] for mats in (gate, up, down))
         self._pool = (ops if ops is not None else _default_ops()).pool
+        # kernel layouts (expert_layout: row8 or tiled): copies of the codes, which decode streams faster
+        layout = (lambda m: expert_layout(m, self._pool, row8)) if kernel_layouts else (lambda m: m)
+        self.weights = tuple([layout(m) for m in mats] for mats in (gate, up, down))
         self.numa_ranges = numa.interleave(self._pool.kernels, self._tensors(), self._pool.numa)
         self._native = self._build(activation, clamp_limit, alpha)
         weakref.finalize(self, self._native.release)

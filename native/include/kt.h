@@ -106,8 +106,22 @@ typedef struct kt_matrix {
  *                    data + (r / 4) * 4 * row_bytes + ((b / 64) * 4 + r % 4) * 64 + b % 64.
  * Decode streams a tile of rows side by side; tiled, that is one sequential run of
  * memory instead of four short ones the hardware prefetchers barely follow.
- * KT_LAYOUT_TILES needs rows % 4 == 0 and row_bytes % 64 == 0. */
-enum kt_layout { KT_LAYOUT_ROWS = 0, KT_LAYOUT_TILES = 1 };
+ * KT_LAYOUT_TILES needs rows % 4 == 0 and row_bytes % 64 == 0.
+ *   KT_LAYOUT_ROW8   I4 only: rows in groups of 8 whose 32-column blocks (16 bytes
+ *                    a row) are interleaved 4 bytes at a time: bytes 4j..4j+3 of
+ *                    row r's block b at data + (r / 8) * 8 * row_bytes + b * 128 +
+ *                    j * 32 + (r % 8) * 4, and scale (min alike) of row r, group g
+ *                    at scale[(r / 8) * 8 * n_groups + g * 8 + r % 8].
+ * In ROW8 one 32-byte load holds the same 8 columns of 8 rows: decode broadcasts
+ * each 4 activations to the 8 rows and sums a block of 8 rows in one register,
+ * with one conversion and scaling per block instead of one per row and block.
+ * KT_LAYOUT_ROW8 needs format I4, rows % 8 == 0 and cols % 64 == 0. */
+enum kt_layout { KT_LAYOUT_ROWS = 0, KT_LAYOUT_TILES = 1, KT_LAYOUT_ROW8 = 2 };
+enum kt_row8 { KT_ROW8_ROWS = 8 };
+
+/* 1 when this build decodes ROW8 with its 8-row kernel (int8 activations), 0 when
+ * every ROW8 call goes through a copy into the row layout (correct, slower). */
+int kt_row8_kernel(void);
 enum kt_tile { KT_TILE_ROWS = 4, KT_TILE_CHUNK = 64 };
 
 /* dst = the codes src (rows x row_bytes, row layout) in the tiled layout; the

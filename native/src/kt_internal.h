@@ -164,8 +164,16 @@ static inline const uint8_t *kt_code_at(const uint8_t *start, int64_t chunk_stri
     return start + (int64_t)(u / KT_TILE_CHUNK) * chunk_stride + (int64_t)(u % KT_TILE_CHUNK);
 }
 
+/* ---- KT_LAYOUT_ROW8 (row8.c) ------------------------------------------------------
+ * Rows [r0, r1) of a ROW8 matrix, r0 % 8 == 0 and r1 % 8 == 0 (rows % 8 == 0):
+ * int8 activations on AVX2 run the 8-row kernel (simd_row8.h); every other case
+ * (int16 or float activations, the GEMM, builds without AVX2) copies the rows into
+ * the row layout, 24 at a time, and runs the row kernels on the copy. */
+void kt_row8_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                      const kt_acts *acts);
+
 /* Per-thread buffers (threadbuf.c), grown on demand and kept; one per slot. */
-enum { KT_BUF_ACTS = 0, KT_BUF_GEMM_PANEL = 1, KT_THREAD_BUF_SLOTS = 2 };
+enum { KT_BUF_ACTS = 0, KT_BUF_GEMM_PANEL = 1, KT_BUF_ROW8 = 2, KT_THREAD_BUF_SLOTS = 3 };
 void *kt_thread_buffer(int slot, size_t bytes);
 
 /* out[i * ldo + (r - r0)] = dot(W row r, token i) for i in [0, acts->m), r in [r0, r1).

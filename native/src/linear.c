@@ -45,7 +45,7 @@ int kt_matrix_check(const kt_matrix *w)
         return KT_EINVAL;
     if (w->cols > MAX_ELEMENTS / w->rows)
         return KT_EINVAL;
-    if (w->layout != KT_LAYOUT_ROWS && w->layout != KT_LAYOUT_TILES)
+    if (w->layout != KT_LAYOUT_ROWS && w->layout != KT_LAYOUT_TILES && w->layout != KT_LAYOUT_ROW8)
         return KT_EINVAL;
     if (!quantized(w->format))
         return w->layout == KT_LAYOUT_ROWS ? KT_OK : KT_EINVAL;
@@ -53,6 +53,8 @@ int kt_matrix_check(const kt_matrix *w)
     if (!w->scale || w->group < block || w->group % block != 0 || w->cols % w->group != 0)
         return KT_EINVAL;
     if (w->layout == KT_LAYOUT_TILES && (w->rows % KT_TILE_ROWS != 0 || kt_row_bytes(w) % KT_TILE_CHUNK != 0))
+        return KT_EINVAL;
+    if (w->layout == KT_LAYOUT_ROW8 && (w->format != KT_I4 || w->rows % KT_ROW8_ROWS != 0 || w->cols % 64 != 0))
         return KT_EINVAL;
     return KT_OK;
 }
@@ -232,6 +234,10 @@ static void rows_by_blocks(float *out, int64_t ldo, const kt_matrix *w, int64_t 
 void kt_matrix_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
                         const kt_acts *acts)
 {
+    if (w->layout == KT_LAYOUT_ROW8) {
+        kt_row8_rows_f32(out, ldo, w, r0, r1, acts);
+        return;
+    }
     if (acts->xt) {
         if (kt_gemm_rows(out, ldo, w, r0, r1, acts) == KT_OK)
             return;
@@ -276,14 +282,15 @@ static void linear_task(void *ctx, int64_t task, int thread)
  * little, but each worth at least MIN_TASK_BYTES of weight-times-token work, so
  * claiming a task (one atomic on a shared line) stays cheap beside it; a
  * multiple of 12 rows: whole row tiles of the integer kernels (4) and of the
- * GEMM (6 or 12). */
+ * GEMM (6 or 12); of 24 for ROW8, whose row groups are 8. */
 static int64_t rows_per_task(const kt_matrix *w, int64_t m, int threads)
 {
     int64_t balanced = (w->rows + (int64_t)TASKS_PER_THREAD * threads - 1) / ((int64_t)TASKS_PER_THREAD * threads);
     int64_t work = kt_row_bytes(w) * m;
     int64_t least = (MIN_TASK_BYTES + work - 1) / work;
     int64_t rows = balanced > least ? balanced : least;
-    return (rows + 11) / 12 * 12;
+    int64_t unit = w->layout == KT_LAYOUT_ROW8 ? 24 : 12;
+    return (rows + unit - 1) / unit * unit;
 }
 
 /* Activations as the kernels want them, in the calling thread's scratch:

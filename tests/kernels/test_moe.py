@@ -168,14 +168,27 @@ def test_matches_reference(variant, name, T):
 @pytest.mark.parametrize("T", [1, 37])
 @pytest.mark.parametrize("name", ["i8_channel", "i8_g32_asym", "i4_g32_sym", "i4_g128_asym"])
 def test_row_layout_matches_reference(variant, name, T):
-    """MoEExperts tiles I8/I4 experts by default (kt.h KT_LAYOUT_TILES); tiled=False keeps
-    the row layout, which the kernels must compute as well."""
-    tiled, rows = layer(name, variant.ops), layer(name, variant.ops, tiled=False)
-    assert all(m.tiled for mats in tiled.weights for m in mats)
-    assert not any(m.tiled for mats in rows.weights for m in mats)
+    """MoEExperts puts I8/I4 experts in kernel layouts by default (kt.h KT_LAYOUT_TILES or
+    ROW8); kernel_layouts=False keeps the row layout, which the kernels must compute as well."""
+    laid, rows = layer(name, variant.ops), layer(name, variant.ops, kernel_layouts=False)
+    assert all(m.in_memory_layout for mats in laid.weights for m in mats)
+    assert not any(m.in_memory_layout for mats in rows.weights for m in mats)
     x = tokens(T)
     ids, weights = routing(T, seed=T)
     assert_close(rows.forward(x, ids, weights), name, variant.name, x, ids, weights)
+
+
+@pytest.mark.parametrize("T", [1, 3, 8, 37, 130])
+@pytest.mark.parametrize("row8", [True, False], ids=["row8", "tiled"])
+@pytest.mark.parametrize("name", ["i4_g32_sym", "i4_g128_asym"])
+def test_i4_layouts_match_reference(variant, name, row8, T):
+    """I4 experts in ROW8 (the 8-row kernel, or a copy into rows where the build has no kernel
+    and for the prefill GEMM) and tiled, both forced, on every variant."""
+    moe = layer(name, variant.ops, row8=row8)
+    assert all(m.row8 == row8 and m.tiled != row8 for mats in moe.weights for m in mats)
+    x = tokens(T)
+    ids, weights = routing(T, seed=T + 1)
+    assert_close(moe.forward(x, ids, weights), name, variant.name, x, ids, weights)
 
 
 @pytest.mark.parametrize("name", SOME_FORMATS)

@@ -94,7 +94,7 @@ def test_untileable_matrices_refuse_the_tiled_flag():
 
 def test_tiled_matrices_are_never_written():
     t = tile_rows(quantize_reference(_randn(8, 128, seed=3), Format.I4, 32))
-    with pytest.raises(WeightsError, match="untile"):
+    with pytest.raises(WeightsError, match="in-memory layout"):
         matrix_entry(t)
 
 

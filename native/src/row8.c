@@ -1,0 +1,94 @@
+/* row8.c: rows of a KT_LAYOUT_ROW8 matrix (kt.h): the 8-row decode kernel where it
+ * applies, else a copy into the row layout that the row kernels then read. */
+#include <string.h>
+#include "kt_internal.h"
+#include "simd_row8.h"
+
+enum { COPY_ROWS = 24 };    /* rows a fallback copy holds: whole 8-row groups, and whole
+                             * tiles of the GEMM (6 or 12 rows) and of the int kernels (4) */
+
+static int64_t n_groups(const kt_matrix *w) { return w->cols / w->group; }
+
+/* Rows [r0, r0 + n) of w (r0, n multiples of 8) into the row layout: codes
+ * [n, cols / 2], scale and (when w has one) min [n, n_groups]. */
+static void copy_rows(uint8_t *codes, float *scale, float *min, const kt_matrix *w, int64_t r0, int64_t n)
+{
+    const int64_t rb = kt_row_bytes(w), nb = w->cols / 32, ng = n_groups(w);
+    for (int64_t r = r0; r < r0 + n; r++) {
+        const uint8_t *group = (const uint8_t *)w->data + (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * rb;
+        uint8_t *dst = codes + (r - r0) * rb;
+        for (int64_t b = 0; b < nb; b++)
+            for (int j = 0; j < 4; j++)
+                memcpy(dst + b * 16 + j * 4, group + b * 128 + j * 32 + (r % KT_ROW8_ROWS) * 4, 4);
+        const int64_t at = (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * ng + r % KT_ROW8_ROWS;
+        for (int64_t g = 0; g < ng; g++) {
+            scale[(r - r0) * ng + g] = w->scale[at + g * KT_ROW8_ROWS];
+            if (min)
+                min[(r - r0) * ng + g] = w->min[at + g * KT_ROW8_ROWS];
+        }
+    }
+}
+
+/* Weight (r, k) of a ROW8 matrix, for the no-memory path. */
+static float weight_at(const kt_matrix *w, int64_t r, int64_t k)
+{
+    const int64_t rb = kt_row_bytes(w), ng = n_groups(w), b = k / 32, j = (k % 16) / 4;
+    const uint8_t *group = (const uint8_t *)w->data + (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * rb;
+    uint8_t byte = group[b * 128 + j * 32 + (r % KT_ROW8_ROWS) * 4 + k % 4];
+    int code = (k % 32) < 16 ? (byte & 0x0F) : (byte >> 4);
+    const int64_t at = (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * ng + (k / w->group) * KT_ROW8_ROWS + r % KT_ROW8_ROWS;
+    return w->min ? w->scale[at] * (float)code + w->min[at] : w->scale[at] * (float)(code - 8);
+}
+
+/* No scratch for a copy (allocation failed): exact float products from x. */
+static void rows_exact(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1, const kt_acts *a)
+{
+    for (int64_t t = 0; t < a->m; t++) {
+        const float *x = a->f32 + t * w->cols;
+        for (int64_t r = r0; r < r1; r++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < w->cols; k++)
+                s += weight_at(w, r, k) * x[k];
+            out[t * ldo + (r - r0)] = s;
+        }
+    }
+}
+
+static void rows_by_copy(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1, const kt_acts *a)
+{
+    const int64_t rb = kt_row_bytes(w), ng = n_groups(w);
+    const size_t codes_bytes = (size_t)(COPY_ROWS * rb + 63) / 64 * 64, params = (size_t)(COPY_ROWS * ng) * 4;
+    uint8_t *codes = kt_thread_buffer(KT_BUF_ROW8, codes_bytes + 2 * params);
+    if (!codes) {
+        rows_exact(out, ldo, w, r0, r1, a);
+        return;
+    }
+    float *scale = (float *)(codes + codes_bytes), *min = w->min ? scale + COPY_ROWS * ng : NULL;
+    for (int64_t r = r0; r < r1; r += COPY_ROWS) {
+        const int64_t n = r1 - r < COPY_ROWS ? r1 - r : COPY_ROWS;
+        copy_rows(codes, scale, min, w, r, n);
+        kt_matrix part = {w->format, w->group, n, w->cols, codes, scale, min, KT_LAYOUT_ROWS};
+        kt_matrix_rows_f32(out + (r - r0), ldo, &part, 0, n, a);
+    }
+}
+
+int kt_row8_kernel(void)
+{
+#if defined(KT_ROW8_KERNEL)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+void kt_row8_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                      const kt_acts *acts)
+{
+#if defined(KT_ROW8_KERNEL)
+    if (acts->q && !acts->q16 && !acts->float_acts) {
+        row8_rows_i4(out, ldo, w, r0, r1, acts);
+        return;
+    }
+#endif
+    rows_by_copy(out, ldo, w, r0, r1, acts);
+}

@@ -1,0 +1,112 @@
+/* simd_row8.h: the 8-row decode kernel for I4 weights in KT_LAYOUT_ROW8 (kt.h)
+ * against int8 activations (kt_acts), included by row8.c only.
+ *
+ * One 32-byte load of a 32-column block holds 4 bytes of each of 8 rows: the same
+ * 8 columns (low nibbles k..k+3, high nibbles k+16..k+19) of all 8 rows. Each
+ * 4-byte group of activations is broadcast to the 8 rows (vpbroadcastd), and
+ * vpmaddubsw adds code x activation pairs per row, so after the block's 4 loads
+ * the 8 rows' int16 sums lie in the lanes of one register: one vpmaddwd, one
+ * vcvtdq2ps and one vfmadd with the 8 rows' scales for the whole block, where the
+ * row-at-a-time kernels (simd_int.h) spend them per row.
+ *
+ * Maths (simd_int.h): for token t, block b in group g and 8-row lane i,
+ *   acc[i] += s[i, g] * sa[b] * sum_{k in b} qw[i, k] * qa[k]
+ * and once per group the zero point, -8 * s[i, g] (symmetric) or mn[i, g], times
+ * gsum[g] = sum_{k in g} sa[b(k)] * qa[k] (kt_acts.q_group_sum).
+ * int16 bound: a lane adds 8 pair sums of a block, each <= 2 * 15 * 127 = 3810,
+ * so <= 30480 < 32767. */
+#ifndef KT_SIMD_ROW8_H
+#define KT_SIMD_ROW8_H
+
+#include <string.h>
+#include "kt_internal.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define KT_ROW8_KERNEL 1
+
+#ifndef KT_INLINE
+#define KT_INLINE static inline __attribute__((always_inline))
+#endif
+
+enum { ROW8_BLOCK_BYTES = 8 * 16, ROW8_AHEAD = 1024, ROW8_TOKENS = 4 };
+
+/* Offset of columns 0-15 of block b in the I4 activations, which kt_acts
+ * interleaves per 64 columns ([b 0-15 | b+1 0-15 | b 16-31 | b+1 16-31]);
+ * columns 16-31 are 32 bytes further. Needs cols % 64 == 0. */
+KT_INLINE int64_t act_piece(int64_t b) { return (b / 2) * 64 + (b % 2) * 16; }
+
+KT_INLINE __m256i broadcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* int32 dot of the block's 8 rows (lanes) with one token's activations at q */
+KT_INLINE __m256i block_dot_8rows(const __m256i v[4], const int8_t *q)
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        __m256i lo = _mm256_and_si256(v[j], low4), hi = _mm256_and_si256(_mm256_srli_epi16(v[j], 4), low4);
+        __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(q + 4 * j)),
+                                     _mm256_maddubs_epi16(hi, broadcast4(q + 32 + 4 * j)));
+        acc = _mm256_add_epi16(acc, p);
+    }
+    return _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
+}
+
+/* Rows 8G..8G+7 for tokens t0..t0+TT-1 into out (token t at out[t * ldo], 8 floats) */
+KT_INLINE void row8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
+                          int64_t t0, const int TT)
+{
+    const int64_t cols = w->cols, nb = cols / 32, ng = cols / w->group, per_group = w->group / 32;
+    const uint8_t *codes = (const uint8_t *)w->data + G * 8 * (cols / 2);
+    const float *scale = w->scale + G * 8 * ng, *min = w->min ? w->min + G * 8 * ng : NULL;
+    const int8_t *q = a->q + t0 * cols;
+    const float *sa = a->q_scale + t0 * nb, *gsum = a->q_group_sum + t0 * ng;
+    __m256 acc[ROW8_TOKENS];
+    for (int t = 0; t < TT; t++)
+        acc[t] = _mm256_setzero_ps();
+    for (int64_t g = 0, b = 0; g < ng; g++) {
+        const __m256 ws = _mm256_loadu_ps(scale + g * 8);
+        for (int64_t end = b + per_group; b < end; b++) {
+            const uint8_t *block = codes + b * ROW8_BLOCK_BYTES;
+            __builtin_prefetch(block + ROW8_AHEAD);
+            __builtin_prefetch(block + ROW8_AHEAD + 64);
+            __m256i v[4];
+            for (int j = 0; j < 4; j++)
+                v[j] = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
+            for (int t = 0; t < TT; t++) {
+                __m256 dot = _mm256_cvtepi32_ps(block_dot_8rows(v, q + t * cols + act_piece(b)));
+                acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(ws, _mm256_set1_ps(sa[t * nb + b])), acc[t]);
+            }
+        }
+        const __m256 zero_point = min ? _mm256_loadu_ps(min + g * 8) : _mm256_mul_ps(ws, _mm256_set1_ps(-8.0f));
+        for (int t = 0; t < TT; t++)
+            acc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(gsum[t * ng + g]), acc[t]);
+    }
+    for (int t = 0; t < TT; t++)
+        _mm256_storeu_ps(out + t * ldo, acc[t]);
+}
+
+/* Rows [r0, r1) (multiples of 8) for every token, ROW8_TOKENS at a time */
+static inline void row8_rows_i4(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                                const kt_acts *a)
+{
+    for (int64_t G = r0 / 8; G < r1 / 8; G++) {
+        for (int64_t t0 = 0; t0 < a->m; t0 += ROW8_TOKENS) {
+            float *o = out + t0 * ldo + (G * 8 - r0);
+            switch (a->m - t0 < ROW8_TOKENS ? a->m - t0 : ROW8_TOKENS) {
+            case 1: row8_group(o, ldo, w, G, a, t0, 1); break;
+            case 2: row8_group(o, ldo, w, G, a, t0, 2); break;
+            case 3: row8_group(o, ldo, w, G, a, t0, 3); break;
+            default: row8_group(o, ldo, w, G, a, t0, 4); break;
+            }
+        }
+    }
+}
+
+#endif
+#endif

@@ -1,0 +1,107 @@
+"""The 8-row I4 layout (kt.h KT_LAYOUT_ROW8): to_row8 against the byte and scale
+formulas of kt.h written out with numpy indexing, and the linear kernels on ROW8
+matrices against the same fp64 references as the row layout (bounds and their
+reasons: test_linear.py): int8 activations run the 8-row kernel where the build
+has it (kt_row8_kernel), every other path a copy into the row layout. The MoE
+operator puts I4 experts in ROW8 by default where the kernel exists: test_moe.py."""
+
+import numpy as np
+import pytest
+import torch
+
+from kt_cli.ops import expert_layout
+from kt_weights.errors import WeightsError
+from kt_weights.ktformat import matrix_entry
+from kt_weights.layout import Format, LayoutError, QMatrix, can_row8, from_row8, quantize_reference, to_row8
+
+from test_linear import QUANT_EXACT_BOUND, _acts_reference, _randn, rel_err
+
+ROW8_CASES = [  # rows, cols, group: one or many 8-row groups, one or many blocks per group
+    (8, 64, 32), (16, 128, 64), (24, 192, 64), (40, 256, 128), (8, 512, 256), (64, 2048, 32),
+]
+TOKENS = [1, 2, 3, 4, 5, 9, 16, 37]     # token tiles of 1-4, several tiles, the exact path's GEMM
+
+
+def _row8_reference(w: QMatrix) -> tuple[np.ndarray, np.ndarray]:
+    """kt.h: bytes 4j..4j+3 of row r's block b at (r // 8) * 8 * row_bytes + b * 128 + j * 32 + (r % 8) * 4;
+    the scale of row r, group g at (r // 8) * 8 * n_groups + g * 8 + r % 8."""
+    data, scale = w.data.numpy(), w.scale.numpy()
+    rows, row_bytes = data.shape
+    groups = scale.shape[1]
+    codes, scales = np.empty(rows * row_bytes, np.uint8), np.empty(rows * groups, np.float32)
+    for r in range(rows):
+        for b in range(row_bytes // 16):
+            for j in range(4):
+                at = (r // 8) * 8 * row_bytes + b * 128 + j * 32 + (r % 8) * 4
+                codes[at:at + 4] = data[r, b * 16 + 4 * j:b * 16 + 4 * j + 4]
+        for g in range(groups):
+            scales[(r // 8) * 8 * groups + g * 8 + r % 8] = scale[r, g]
+    return codes.reshape(rows, row_bytes), scales.reshape(rows, groups)
+
+
+@pytest.mark.parametrize("rows, cols, group", ROW8_CASES[:4])
+def test_to_row8_follows_the_formulas_and_round_trips(rows, cols, group):
+    w = quantize_reference(_randn(rows, cols, seed=rows), Format.I4, group, symmetric=False)
+    r8 = to_row8(w)
+    codes, scales = _row8_reference(w)
+    assert r8.row8 and not r8.tiled
+    assert np.array_equal(r8.data.numpy(), codes) and np.array_equal(r8.scale.numpy(), scales)
+    back = from_row8(r8)
+    assert torch.equal(back.data, w.data) and torch.equal(back.scale, w.scale) and torch.equal(back.min, w.min)
+    assert torch.equal(r8.dequantize(), w.dequantize())
+
+
+@pytest.mark.parametrize("m", TOKENS)
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("rows, cols, group", ROW8_CASES)
+def test_linear_on_row8_weights(ops, rows, cols, group, symmetric, m):
+    w = quantize_reference(_randn(rows, cols, seed=rows * cols + m), Format.I4, group, symmetric)
+    r8 = to_row8(w)
+    x = _randn(m, cols, seed=m + cols)
+    assert rel_err(ops.linear(x, r8), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
+    assert rel_err(ops.linear(x, r8, acts="f32"), x, w.dequantize()) < QUANT_EXACT_BOUND
+    assert rel_err(ops.linear(x, r8, acts="int16"), _acts_reference(x, 32767), w.dequantize()) < QUANT_EXACT_BOUND
+
+
+def test_expert_layout_picks_row8_where_the_kernel_is(ops):
+    w = quantize_reference(_randn(16, 128, seed=5), Format.I4, 32)
+    has_kernel = bool(ops.kernels.lib.kt_row8_kernel())
+    assert has_kernel == (ops.kernels.variant != "generic")
+    assert expert_layout(w, ops.pool).row8 == has_kernel
+    assert expert_layout(w, ops.pool, row8=True).row8
+    assert expert_layout(w, ops.pool, row8=False).tiled
+    odd = quantize_reference(_randn(12, 128, seed=6), Format.I4, 32)      # 12 rows: tiles, not row8
+    assert expert_layout(odd, ops.pool, row8=True).tiled
+    i8 = quantize_reference(_randn(16, 128, seed=7), Format.I8, 32)
+    assert expert_layout(i8, ops.pool, row8=True).tiled
+
+
+@pytest.mark.parametrize("rows, cols, fmt", [(12, 128, Format.I4), (8, 96, Format.I4), (8, 128, Format.I8)])
+def test_row8_refuses_other_shapes_and_formats(rows, cols, fmt):
+    w = quantize_reference(_randn(rows, cols, seed=1), fmt, 32)
+    assert not can_row8(w)
+    with pytest.raises(LayoutError, match="cannot be row8"):
+        to_row8(w)
+    with pytest.raises(LayoutError, match="cannot be row8"):
+        QMatrix(w.format, w.rows, w.cols, w.data, w.group, w.scale, row8=True)
+
+
+@pytest.mark.parametrize("rows, cols, fmt", [(12, 128, Format.I4), (8, 96, Format.I4), (8, 128, Format.I8)])
+def test_native_check_refuses_impossible_row8_descriptors(ops, rows, cols, fmt):
+    """C verifies the ROW8 layout's shape itself (I4, rows % 8, cols % 64)."""
+    ffi, lib = ops.kernels.ffi, ops.kernels.lib
+    w = quantize_reference(torch.randn(rows, cols), fmt, 32)
+    desc = ffi.new("kt_matrix *", {"format": int(fmt), "group": 32, "rows": rows, "cols": cols,
+                                   "data": ffi.cast("void *", w.data.data_ptr()), "layout": lib.KT_LAYOUT_ROW8,
+                                   "scale": ffi.cast("float *", w.scale.data_ptr())})
+    out, x = torch.empty(1, rows), torch.randn(1, cols)
+    for acts in (lib.KT_ACTS_INT8, lib.KT_ACTS_F32):
+        rc = lib.kt_linear(ops.pool.handle, ffi.cast("float *", out.data_ptr()), ffi.cast("float *", x.data_ptr()),
+                           1, desc, acts)
+        assert rc == lib.KT_EINVAL
+
+
+def test_row8_matrices_are_never_written():
+    r8 = to_row8(quantize_reference(_randn(8, 128, seed=3), Format.I4, 32))
+    with pytest.raises(WeightsError, match="in-memory layout"):
+        matrix_entry(r8)
