@@ -16,7 +16,8 @@ the same machine load; its rows are marked "@base". Calls are then spaced by
 POOL_SETTLE_S so neither pool's spinning workers steal the other's cores (both
 then pay a worker wake-up per call).
 i4-g32a, i8-g32 and i8-g16 are the layouts of GGUF Q4_1, Q8_0 and Q6_K. Each I8/I4 row
-is timed in the row layout and tiled ("-tiled", kt.h KT_LAYOUT_TILES, what models load).
+is timed in the row layout, tiled ("-tiled", kt.h KT_LAYOUT_TILES, what I8 loads as) and, for I4,
+in the 8-row layout ("-row8", KT_LAYOUT_ROW8, what I4 loads as where the kernels have it).
 --acts int16|f32 times the dense layers' paths (int16 in decode, f32 from 16 tokens).
 """
 
@@ -30,7 +31,7 @@ import torch
 from kt_cli import hardware, kernels
 from kt_cli.kernels import Kernels
 from kt_cli.ops import Ops, kernel_layout
-from kt_weights.layout import Format, QMatrix, quantize_reference
+from kt_weights.layout import Format, QMatrix, can_row8, quantize_reference, to_row8
 
 SHAPES = [(2048, 2048), (768, 2048)]
 TOKENS = [1, 128]
@@ -108,6 +109,14 @@ def main() -> None:
             bench_shape(rows, cols, m, formats, variants, args, bw)
 
 
+def layouts_of(w: QMatrix) -> list:
+    """(row-name suffix, w -> w in that layout): rows, tiled, and row8 where the shape allows"""
+    if not w.format.quantized:
+        return [("", lambda m: m)]
+    layouts = [("", lambda m: m), ("-tiled", kernel_layout)]
+    return layouts + [("-row8", to_row8)] if can_row8(w) else layouts
+
+
 def bench_shape(rows: int, cols: int, m: int, formats: list, variants: list, args, bw: float) -> None:
     footprint = args.footprint_mib << 20
     w32 = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows + cols))
@@ -117,10 +126,9 @@ def bench_shape(rows: int, cols: int, m: int, formats: list, variants: list, arg
     [ms] = time_ms([lambda w: x @ w.T], torch_copies, args.repeats)
     print(row("torch-f32", m, rows, cols, ms, w32.numel() * 4, bw))
     for name, fmt, group, symmetric in formats:
-        layouts = [("", False), ("-tiled", True)] if fmt.quantized else [("", False)]
-        for suffix, tiled in layouts:
-            w = make_weight(w32, fmt, group, symmetric)
-            weights = copies_of(kernel_layout(w) if tiled else w, footprint)
+        w = make_weight(w32, fmt, group, symmetric)
+        for suffix, layout in layouts_of(w):
+            weights = copies_of(layout(w), footprint)
             fns = [lambda w, o=o: o.linear(x, w, acts=args.acts) for _, o in variants]
             for (tag, _), ms in zip(variants, time_ms(fns, weights, args.repeats)):
                 print(row(name + suffix + tag, m, rows, cols, ms, weights[0].nbytes(), bw))

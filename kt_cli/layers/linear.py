@@ -1,5 +1,5 @@
 """Linear layers over a stored QMatrix. On the CPU the matrix stays in its stored
-format (I8/I4 codes tiled for the kernels, ops.kernel_layout) and runs through kt's kernels; on a GPU it is dequantized once
+format (I8/I4 codes in the layouts the kernels stream fastest, ops.decode_layout) and runs through kt's kernels; on a GPU it is dequantized once
 into the compute dtype and runs through torch."""
 
 from dataclasses import dataclass
@@ -54,7 +54,7 @@ class Linear(torch.nn.Module):
         super().__init__()
         self.rows, self.cols = weight.rows, weight.cols
         self.target = target
-        self.qweight = ops.kernel_layout(weight) if target.on_cpu else None
+        self.qweight = ops.decode_layout(weight) if target.on_cpu else None
         self.kernel = ops.BoundLinear(ops.pool(), self.qweight) if target.on_cpu else None
         self.weight = None if target.on_cpu else target.put(weight.dequantize())
         self.bias = None if bias is None else target.put(bias)

@@ -66,11 +66,12 @@ def kernel_layout(w: QMatrix, pool: Pool | None = None) -> QMatrix:
     return QMatrix(w.format, w.rows, w.cols, data, w.group, w.scale, w.min, tiled=True)
 
 
-def expert_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None) -> QMatrix:
-    """w as a routed expert's matrix streams fastest: I4 in the row8 layout (kt.h
-    KT_LAYOUT_ROW8) where the shape allows and the kernels have the 8-row kernel
-    (row8=None; True or False forces the choice), else kernel_layout(w). One MoE
-    layer's I4 decode from DRAM on a 2-core Zen 3 guest: see bench/moe_layer.py --layouts."""
+def decode_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None) -> QMatrix:
+    """w as decode streams it fastest: I4 in the row8 layout (kt.h KT_LAYOUT_ROW8)
+    where the shape allows and the kernels have the 8-row kernel (row8=None; True or
+    False forces the choice), else kernel_layout(w). int8 activations (experts) and
+    int16 ones (dense layers, split into int8 pairs) both run the 8-row kernel; see
+    bench/moe_layer.py --layouts and bench/linear.py (-row8 rows)."""
     pool = pool if pool is not None else _default_pool()
     if row8 is None:
         row8 = bool(pool.kernels.lib.kt_row8_kernel())

@@ -15,7 +15,7 @@ from kt_weights.layout import Format, QMatrix
 
 from . import numa
 from .ffi_args import OpError, check_status, check_tensor, kt_matrix, pointer
-from .linear import expert_layout
+from .linear import decode_layout
 
 ACTIVATIONS = {"silu": 0, "swiglu_clamp": 1}
 MAX_TOP_K = 4096
@@ -108,8 +108,8 @@ class MoEExperts:
                f"swiglu_clamp needs clamp_limit > 0, got {clamp_limit}")
         self.shape = _validate(gate, up, down)
         self._pool = (ops if ops is not None else _default_ops()).pool
-        # kernel layouts (expert_layout: row8 or tiled): copies of the codes, which decode streams faster
-        layout = (lambda m: expert_layout(m, self._pool, row8)) if kernel_layouts else (lambda m: m)
+        # kernel layouts (decode_layout: row8 or tiled): copies of the codes, which decode streams faster
+        layout = (lambda m: decode_layout(m, self._pool, row8)) if kernel_layouts else (lambda m: m)
         self.weights = tuple([layout(m) for m in mats] for mats in (gate, up, down))
         self.numa_ranges = numa.interleave(self._pool.kernels, self._tensors(), self._pool.numa)
         self._native = self._build(activation, clamp_limit, alpha)

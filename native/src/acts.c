@@ -109,6 +109,12 @@ static int32_t effective_kind(const kt_matrix *w, int32_t kind)
     return kind == KT_ACTS_INT16 && !quantized(w->format) ? KT_ACTS_F32 : kind;
 }
 
+/* ROW8 matrices take int16 activations split into int8 pairs (kt_internal.h) */
+static int splits_int16(const kt_matrix *w, int32_t kind)
+{
+    return kind == KT_ACTS_INT16 && w->layout == KT_LAYOUT_ROW8;
+}
+
 size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int32_t kind)
 {
     if (m < 1 || kt_matrix_check(w) != KT_OK)
@@ -116,6 +122,8 @@ size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int32
     kind = effective_kind(w, kind);
     if (kind == KT_ACTS_F32)
         return uses_gemm(m) ? xt_bytes(w, m) : 0;
+    if (splits_int16(w, kind))     /* the int8 pairs, then one int16 row being split */
+        return int_acts_bytes(w, 2 * m, 1) + ALIGN64((size_t)w->cols * 2);
     if (kind == KT_ACTS_INT16)
         return int_acts_bytes(w, m, 2);
     if (quantized(w->format))
@@ -169,16 +177,16 @@ static void place_int_acts(kt_acts *a, int64_t m, const kt_matrix *w, char *scra
 }
 
 /* One token row in int16 blocks: q[k] = rint(x[k] / s_b), s_b = max |x| over block
- * b / 32767, so |x[k] - s_b * q[k]| <= max |x| / 65534 (NaN becomes 0). */
-static void quantize_blocks_i16(int16_t *q, float *scale, const float *x, int64_t n)
+ * b / limit, so |x[k] - s_b * q[k]| <= max |x| / (2 * limit) (NaN becomes 0). */
+static void quantize_blocks_i16(int16_t *q, float *scale, const float *x, int64_t n, float limit)
 {
     for (int64_t k = 0, b = 0; k < n; k += KT_ACT_BLOCK, b++) {
         int64_t len = n - k < KT_ACT_BLOCK ? n - k : KT_ACT_BLOCK;
-        scale[b] = kt_abs_max(x + k, len) / 32767.0f;
+        scale[b] = kt_abs_max(x + k, len) / limit;
         float divisor = scale[b] == 0.0f ? 1.0f : scale[b];
         for (int64_t j = 0; j < len; j++) {
             float v = rintf(x[k + j] / divisor);
-            q[k + j] = (int16_t)(v != v ? 0.0f : v > 32767.0f ? 32767.0f : v < -32767.0f ? -32767.0f : v);
+            q[k + j] = (int16_t)(v != v ? 0.0f : v > limit ? limit : v < -limit ? -limit : v);
         }
     }
 }
@@ -195,7 +203,7 @@ static void prepare_int(kt_acts *a, const float *x, int64_t m, const kt_matrix *
         void *qt;
         if (code_bytes == 2) {
             qt = a->q16 + t * cols;
-            quantize_blocks_i16(qt, st, x + t * cols, cols);
+            quantize_blocks_i16(qt, st, x + t * cols, cols, 32767.0f);
         } else {
             qt = a->q + t * cols;
             kt_quantize_blocks_i8(qt, st, x + t * cols, cols);
@@ -204,6 +212,34 @@ static void prepare_int(kt_acts *a, const float *x, int64_t m, const kt_matrix *
         if (code_bytes == 1 && w->format == KT_I4)
             interleave_i4(qt, cols);
     }
+}
+
+/* Token rows as int8 pairs (kt_internal.h, KT_SPLIT_MAX): row 2t the high digits
+ * of the int16 codes with scale 256 * s, row 2t + 1 the low ones with scale s;
+ * both interleaved for I4 like any int8 row. */
+static void prepare_split(kt_acts *a, const float *x, int64_t m, const kt_matrix *w, char *scratch)
+{
+    int64_t cols = w->cols, nb = (int64_t)n_act_blocks(cols), n_groups = cols / w->group;
+    place_int_acts(a, 2 * m, w, scratch, 1);
+    int16_t *q16 = (int16_t *)(scratch + int_acts_bytes(w, 2 * m, 1));
+    for (int64_t t = 0; t < m; t++) {
+        int8_t *hi = a->q + 2 * t * cols, *lo = hi + cols;
+        float *s_hi = a->q_scale + 2 * t * nb, *s_lo = s_hi + nb;
+        quantize_blocks_i16(q16, s_lo, x + t * cols, cols, (float)KT_SPLIT_MAX);
+        for (int64_t k = 0; k < cols; k++) {
+            int32_t h = (q16[k] + 128 + 32768) / 256 - 128;      /* rint(q16 / 256), ties up */
+            hi[k] = (int8_t)h;
+            lo[k] = (int8_t)(q16[k] - 256 * h);
+        }
+        for (int64_t b = 0; b < nb; b++)
+            s_hi[b] = 256.0f * s_lo[b];
+        group_sums(a->q_group_sum + 2 * t * n_groups, hi, 1, s_hi, cols, w->group);
+        group_sums(a->q_group_sum + (2 * t + 1) * n_groups, lo, 1, s_lo, cols, w->group);
+        interleave_i4(hi, cols);
+        interleave_i4(lo, cols);
+    }
+    a->m = 2 * m;
+    a->split = 1;
 }
 
 /* f32 -> bf16 bits, round to nearest even (NaN kept quiet) */
@@ -274,6 +310,10 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
             acts->xt = scratch;
             fill_xt(acts->xt, x, m, w->cols);
         }
+        return KT_OK;
+    }
+    if (splits_int16(w, kind)) {
+        prepare_split(acts, x, m, w, scratch);
         return KT_OK;
     }
     if (kind == KT_ACTS_INT16) {

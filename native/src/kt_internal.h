@@ -62,7 +62,12 @@ int kt_pool_amx_tiles(const kt_pool *pool);
  * pieces [0-15, 16-31, 32-47, 48-63] sit in the order [0-15, 32-47, 16-31, 48-63]
  * (the order in which the kernels unpack two 16-byte blocks of I4 codes).
  * KT_ACTS_INT16 fills q16 instead of q (in column order, scale max |x| / 32767),
- * with q_scale and q_group_sum as above. */
+ * with q_scale and q_group_sum as above; for a KT_LAYOUT_ROW8 matrix it is split
+ * instead: x[t] ~= s * q16 with s = max |x| / KT_SPLIT_MAX and q16 = 256 * hi + lo
+ * (hi, lo int8), stored as two int8 rows, 2t = hi with scale 256 * s and 2t + 1 =
+ * lo with scale s, so the int8 kernels compute both and their sum is the int16
+ * product (m = 2 * tokens, split = 1). */
+#define KT_SPLIT_MAX 32639      /* |q16| <= 127 * 256 + 127: hi = rint(q16 / 256) stays in int8 */
 #define KT_ACT_BLOCK 32
 
 typedef struct kt_acts {
@@ -71,6 +76,7 @@ typedef struct kt_acts {
     int32_t format;        /* the weight format these were prepared for */
     int32_t group;
     int32_t float_acts;    /* 1: I8/I4 weights meet f32 (exact path; q etc. are NULL) */
+    int32_t split;         /* 1: int16 activations as pairs of int8 rows (above); m is 2 * tokens */
     const float *f32;      /* [m, cols] */
     float *xt;             /* exact path's GEMM (float_acts, m >= KT_GEMM_MIN_TOKENS,
                             * AVX2+): x per token tile, transposed (gemm.c); or NULL */

@@ -43,7 +43,8 @@ static float weight_at(const kt_matrix *w, int64_t r, int64_t k)
 /* No scratch for a copy (allocation failed): exact float products from x. */
 static void rows_exact(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1, const kt_acts *a)
 {
-    for (int64_t t = 0; t < a->m; t++) {
+    const int64_t tokens = a->split ? a->m / 2 : a->m;
+    for (int64_t t = 0; t < tokens; t++) {
         const float *x = a->f32 + t * w->cols;
         for (int64_t r = r0; r < r1; r++) {
             float s = 0.0f;
@@ -54,22 +55,37 @@ static void rows_exact(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, 
     }
 }
 
-static void rows_by_copy(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1, const kt_acts *a)
+/* The row kernels on copies of COPY_ROWS rows in the row layout, in buf */
+static void rows_by_copy(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1, const kt_acts *a,
+                         uint8_t *buf)
 {
     const int64_t rb = kt_row_bytes(w), ng = n_groups(w);
-    const size_t codes_bytes = (size_t)(COPY_ROWS * rb + 63) / 64 * 64, params = (size_t)(COPY_ROWS * ng) * 4;
-    uint8_t *codes = kt_thread_buffer(KT_BUF_ROW8, codes_bytes + 2 * params);
-    if (!codes) {
-        rows_exact(out, ldo, w, r0, r1, a);
-        return;
-    }
-    float *scale = (float *)(codes + codes_bytes), *min = w->min ? scale + COPY_ROWS * ng : NULL;
+    const size_t codes_bytes = (size_t)(COPY_ROWS * rb + 63) / 64 * 64;
+    float *scale = (float *)(buf + codes_bytes), *min = w->min ? scale + COPY_ROWS * ng : NULL;
     for (int64_t r = r0; r < r1; r += COPY_ROWS) {
         const int64_t n = r1 - r < COPY_ROWS ? r1 - r : COPY_ROWS;
-        copy_rows(codes, scale, min, w, r, n);
-        kt_matrix part = {w->format, w->group, n, w->cols, codes, scale, min, KT_LAYOUT_ROWS};
+        copy_rows(buf, scale, min, w, r, n);
+        kt_matrix part = {w->format, w->group, n, w->cols, buf, scale, min, KT_LAYOUT_ROWS};
         kt_matrix_rows_f32(out + (r - r0), ldo, &part, 0, n, a);
     }
+}
+
+static size_t copy_bytes(const kt_matrix *w)
+{
+    return (size_t)(COPY_ROWS * kt_row_bytes(w) + 63) / 64 * 64 + 2 * (size_t)(COPY_ROWS * n_groups(w)) * 4;
+}
+
+/* Rows [r0, r1) for every row of a (for split activations: both rows of each pair) */
+static void rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1, const kt_acts *a,
+                     uint8_t *copy_buf)
+{
+#if defined(KT_ROW8_KERNEL)
+    if (a->q && !a->q16 && !a->float_acts) {
+        row8_rows_i4(out, ldo, w, r0, r1, a);
+        return;
+    }
+#endif
+    rows_by_copy(out, ldo, w, r0, r1, a, copy_buf);
 }
 
 int kt_row8_kernel(void)
@@ -81,14 +97,25 @@ int kt_row8_kernel(void)
 #endif
 }
 
+/* Split int16 activations (kt_internal.h): both int8 rows of each token into
+ * pairs [2 * tokens, r1 - r0], then each token's output is the sum of its two. */
 void kt_row8_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
                       const kt_acts *acts)
 {
-#if defined(KT_ROW8_KERNEL)
-    if (acts->q && !acts->q16 && !acts->float_acts) {
-        row8_rows_i4(out, ldo, w, r0, r1, acts);
+    const int64_t nr = r1 - r0;
+    const size_t pair_bytes = acts->split ? (size_t)(acts->m * nr) * 4 : 0, copy = copy_bytes(w);
+    uint8_t *buf = kt_thread_buffer(KT_BUF_ROW8, pair_bytes + copy);
+    if (!buf) {
+        rows_exact(out, ldo, w, r0, r1, acts);
         return;
     }
-#endif
-    rows_by_copy(out, ldo, w, r0, r1, acts);
+    if (!acts->split) {
+        rows_f32(out, ldo, w, r0, r1, acts, buf);
+        return;
+    }
+    float *pairs = (float *)(buf + copy);
+    rows_f32(pairs, nr, w, r0, r1, acts, buf);
+    for (int64_t t = 0; t < acts->m / 2; t++)
+        for (int64_t i = 0; i < nr; i++)
+            out[t * ldo + i] = pairs[2 * t * nr + i] + pairs[(2 * t + 1) * nr + i];
 }

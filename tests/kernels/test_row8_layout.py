@@ -2,14 +2,17 @@
 formulas of kt.h written out with numpy indexing, and the linear kernels on ROW8
 matrices against the same fp64 references as the row layout (bounds and their
 reasons: test_linear.py): int8 activations run the 8-row kernel where the build
-has it (kt_row8_kernel), every other path a copy into the row layout. The MoE
+has it (kt_row8_kernel), and int16 ones too, split into pairs of int8 rows with
+KT_SPLIT_MAX levels instead of 32767 (the bound then fails against 32767 levels:
+9e-6 > 1e-6); float activations and builds without the kernel read a copy in the
+row layout. The MoE
 operator puts I4 experts in ROW8 by default where the kernel exists: test_moe.py."""
 
 import numpy as np
 import pytest
 import torch
 
-from kt_cli.ops import expert_layout
+from kt_cli.ops import decode_layout
 from kt_weights.errors import WeightsError
 from kt_weights.ktformat import matrix_entry
 from kt_weights.layout import Format, LayoutError, QMatrix, can_row8, from_row8, quantize_reference, to_row8
@@ -19,6 +22,7 @@ from test_linear import QUANT_EXACT_BOUND, _acts_reference, _randn, rel_err
 ROW8_CASES = [  # rows, cols, group: one or many 8-row groups, one or many blocks per group
     (8, 64, 32), (16, 128, 64), (24, 192, 64), (40, 256, 128), (8, 512, 256), (64, 2048, 32),
 ]
+SPLIT_MAX = 32639   # kt_internal.h KT_SPLIT_MAX: int16 activations of a ROW8 matrix, as int8 pairs
 TOKENS = [1, 2, 3, 5, 8, 9, 16, 37]     # token tiles of 1-8, several tiles, the exact path's GEMM
 
 
@@ -60,20 +64,20 @@ def test_linear_on_row8_weights(ops, rows, cols, group, symmetric, m):
     x = _randn(m, cols, seed=m + cols)
     assert rel_err(ops.linear(x, r8), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
     assert rel_err(ops.linear(x, r8, acts="f32"), x, w.dequantize()) < QUANT_EXACT_BOUND
-    assert rel_err(ops.linear(x, r8, acts="int16"), _acts_reference(x, 32767), w.dequantize()) < QUANT_EXACT_BOUND
+    assert rel_err(ops.linear(x, r8, acts="int16"), _acts_reference(x, SPLIT_MAX), w.dequantize()) < QUANT_EXACT_BOUND
 
 
-def test_expert_layout_picks_row8_where_the_kernel_is(ops):
+def test_decode_layout_picks_row8_where_the_kernel_is(ops):
     w = quantize_reference(_randn(16, 128, seed=5), Format.I4, 32)
     has_kernel = bool(ops.kernels.lib.kt_row8_kernel())
     assert has_kernel == (ops.kernels.variant != "generic")
-    assert expert_layout(w, ops.pool).row8 == has_kernel
-    assert expert_layout(w, ops.pool, row8=True).row8
-    assert expert_layout(w, ops.pool, row8=False).tiled
+    assert decode_layout(w, ops.pool).row8 == has_kernel
+    assert decode_layout(w, ops.pool, row8=True).row8
+    assert decode_layout(w, ops.pool, row8=False).tiled
     odd = quantize_reference(_randn(12, 128, seed=6), Format.I4, 32)      # 12 rows: tiles, not row8
-    assert expert_layout(odd, ops.pool, row8=True).tiled
+    assert decode_layout(odd, ops.pool, row8=True).tiled
     i8 = quantize_reference(_randn(16, 128, seed=7), Format.I8, 32)
-    assert expert_layout(i8, ops.pool, row8=True).tiled
+    assert decode_layout(i8, ops.pool, row8=True).tiled
 
 
 @pytest.mark.parametrize("rows, cols, fmt", [(12, 128, Format.I4), (8, 96, Format.I4), (8, 128, Format.I8)])
