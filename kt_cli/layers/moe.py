@@ -121,14 +121,16 @@ class ExpertUsage:
         self.assignments = 0
         self._ones = torch.ones(0, dtype=torch.int64)
 
-    def count(self, ids: torch.Tensor, on: torch.Tensor | None) -> None:
-        """ids [T, K] routed experts; on [T, K] True where the device served them (None: nowhere)"""
-        flat = ids.flatten()
-        if self._ones.numel() < flat.numel():
-            self._ones = torch.ones(flat.numel(), dtype=torch.int64)
-        self.routed.index_add_(0, flat, self._ones[:flat.numel()])
+    def count(self, ids: torch.Tensor, on: torch.Tensor | None, routed_counted: bool = False) -> None:
+        """ids [T, K] routed experts; on [T, K] True where the device served them (None: nowhere);
+        routed_counted: the router added ids to `routed` itself (SoftmaxTopK.counts)"""
+        n = ids.numel()
+        if not routed_counted:
+            if self._ones.numel() < n:
+                self._ones = torch.ones(n, dtype=torch.int64)
+            self.routed.index_add_(0, ids.flatten(), self._ones[:n])
         self.device_hits += 0 if on is None else int(on.sum())
-        self.assignments += flat.numel()
+        self.assignments += n
 
     def reset(self) -> None:
         self.routed.zero_()
@@ -180,6 +182,9 @@ class MoEBlock(torch.nn.Module):
         self.usage, self.times = ExpertUsage(self.num_experts), MoETimes()
         self.clock = _DeviceClock(target.device)
         self.replacer = None        # optional hook: replacer.before_dispatch(block, ids [T, K] cpu)
+        self.router_counts = hasattr(router, "counts")      # SoftmaxTopK counts its choices itself
+        if self.router_counts:
+            router.counts = self.usage.routed
         self.set_placement(_placement_mask(on_device, self.num_experts))
 
     def set_placement(self, row: torch.Tensor) -> int:
@@ -217,7 +222,7 @@ class MoEBlock(torch.nn.Module):
             routed = routed.to(device=x.device, dtype=x.dtype)
         out = routed if out is None else out + routed
         self._account(cpu_work=on is None or not bool(on.all()))
-        self.usage.count(ids, on)
+        self.usage.count(ids, on, self.router_counts)
         return out
 
     def _account(self, cpu_work: bool) -> None:

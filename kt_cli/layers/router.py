@@ -1,5 +1,5 @@
-"""MoE routers: token hidden states -> (weights [T, K] f32, expert ids [T, K] int64).
-Router logits are always computed in float32."""
+"""MoE routers: token hidden states -> (weights [T, K] f32, expert ids [T, K] int64, or
+int32 from softmax top-k routing on the CPU). Router logits are always computed in float32."""
 
 from dataclasses import dataclass
 
@@ -33,17 +33,24 @@ class RouterLogits:
 
 
 class SoftmaxTopK(torch.nn.Module):
-    """Mixtral / Qwen-MoE: softmax over all experts, top-k, optionally renormalised."""
+    """Mixtral / Qwen-MoE: softmax over all experts, top-k, optionally renormalised. On the
+    CPU one native call (ops.softmax_topk, int32 ids); elsewhere torch. `counts` [E] int64
+    on the CPU, when set (MoEBlock sets its ExpertUsage.routed), gains every choice."""
 
     def __init__(self, weight: torch.Tensor, top_k: int, normalize: bool):
         super().__init__()
         self.logits, self.top_k, self.normalize = RouterLogits(weight), top_k, normalize
+        self.counts: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        probs = self.logits(x).softmax(dim=-1)
-        weights, ids = probs.topk(self.top_k, dim=-1)
+        logits = self.logits(x)
+        if logits.device.type == "cpu":
+            return ops.softmax_topk(logits, self.top_k, self.normalize, self.counts)
+        weights, ids = logits.softmax(dim=-1).topk(self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.counts is not None:
+            self.counts.index_add_(0, ids.flatten().cpu(), torch.ones(ids.numel(), dtype=torch.int64))
         return weights, ids
 
 

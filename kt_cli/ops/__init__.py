@@ -11,6 +11,7 @@ API (implemented in this package's modules):
   quantize_rows_i8(x [rows, n] f32)       -> (q int8 [rows, n], scale f32 [rows])
   membw_read_gbps(n_bytes, repeats)       -> float
   rms_norm(x [..., D] f32, w [D] or [H, D], eps) -> like x   (single-threaded, decode-sized)
+  softmax_topk(logits [T, E] f32, k, normalize, counts=None) -> (weights [T, k] f32, ids [T, k] int32)
   decode_attention(q [n, H, D], k_cache [R, Hkv, D], v_cache [R, Hkv, Dv], Contexts, scale) -> [n, H, Dv]
       one query row per token, each over its own paged context (Contexts.of([slots per row]))
   rope_(x [n, heads, dim] f32, cos, sin [n, 1, dim], interleaved) -> x rotated in place
@@ -39,6 +40,7 @@ from . import membw as _membw
 from . import norm as _norm
 from . import quant as _quant
 from . import rope as _rope
+from . import route as _route
 from .attention import Contexts
 from .ffi_args import OpError
 from .linear import BoundLinear, decode_layout, kernel_layout
@@ -67,6 +69,10 @@ class Ops:
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return _norm.rms_norm(self.kernels, x, w, eps)
+
+    def softmax_topk(self, logits: torch.Tensor, k: int, normalize: bool,
+                     counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return _route.softmax_topk(self.kernels, logits, k, normalize, counts)
 
     def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          contexts: Contexts, scale: float) -> torch.Tensor:
@@ -109,6 +115,11 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return default().rms_norm(x, w, eps)
 
 
+def softmax_topk(logits: torch.Tensor, k: int, normalize: bool,
+                 counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    return default().softmax_topk(logits, k, normalize, counts)
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contexts: Contexts,
                      scale: float) -> torch.Tensor:
     return default().decode_attention(q, k_cache, v_cache, contexts, scale)
@@ -119,4 +130,4 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bo
 
 
 __all__ = ["Ops", "OpError", "Pool", "default", "pool", "linear", "quantize", "quantize_rows_i8",
-           "membw_read_gbps", "rms_norm", "decode_attention", "Contexts", "rope_"]
+           "membw_read_gbps", "rms_norm", "softmax_topk", "decode_attention", "Contexts", "rope_"]

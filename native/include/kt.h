@@ -173,6 +173,17 @@ int kt_linear(kt_pool *pool, float *out, const float *x, int64_t m, const kt_mat
 int kt_rmsnorm_f32(float *out, const float *x, const float *w, int64_t rows, int64_t cols, int64_t w_rows,
                    float eps);
 
+/* ---- MoE routing ------------------------------------------------------------------
+ * Mixtral / Qwen-MoE routing of `tokens` rows of router logits [tokens, experts]:
+ * per row p = softmax(logits) (float32, max subtracted), ids[t, :k] the k experts of
+ * largest p in descending order (equal p: lower id first), weights[t, :k] their p,
+ * divided by their sum when normalize != 0. counts (experts int64s, or NULL):
+ * counts[e] += the times e was chosen. 1 <= k <= min(experts, KT_ROUTE_MAX_K). */
+enum { KT_ROUTE_MAX_K = 64 };
+
+int kt_route_softmax_topk(const float *logits, int64_t tokens, int64_t experts, int32_t k, int32_t normalize,
+                          int32_t *ids, float *weights, int64_t *counts);
+
 /* ---- rotary position embedding -------------------------------------------------------
  * In place on n rows of `heads` float32 vectors of `dim` (row i at x + i * row_stride,
  * its heads contiguous): x[k] <- x[k] * cos[i, k] + partner(x)[k] * sin[i, k], with
