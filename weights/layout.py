@@ -138,7 +138,7 @@ def can_tile(m: QMatrix) -> bool:
 def tile_rows(m: QMatrix) -> QMatrix:
     """m in the tiled layout (a copy of the codes; scale and min shared): byte b of
     row r moves to (r // 4) * 4 * row_bytes + ((b // 64) * 4 + r % 4) * 64 + b % 64."""
-    _check(not m.tiled, "the matrix is tiled already")
+    _check(not m.in_memory_layout, "the matrix is in a kernel layout already")
     _check(can_tile(m), f"a {m.format.name} {m.rows}x{m.cols} matrix cannot be tiled")
     rows, nbytes = m.data.shape
     chunks = m.data.reshape(rows // TILE_ROWS, TILE_ROWS, nbytes // TILE_CHUNK, TILE_CHUNK)
@@ -166,17 +166,25 @@ def to_row8(m: QMatrix) -> QMatrix:
     the scale of row r, group g to (r // 8) * 8 * n_groups + g * 8 + r % 8."""
     _check(not m.in_memory_layout, "the matrix is in a kernel layout already")
     _check(can_row8(m), f"a {m.format.name} {m.rows}x{m.cols} matrix cannot be row8")
-    words = m.data.view(torch.int32).reshape(m.rows // ROW8_ROWS, ROW8_ROWS, m.cols // I4_BLOCK, 4)
-    data = words.permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(m.rows, m.cols // 2)
+    words = _words(m.data).reshape(m.rows // ROW8_ROWS, ROW8_ROWS, m.cols // 8)    # [G, r, (b, j)]
+    data = words.transpose(1, 2).contiguous().view(torch.uint8).reshape(m.rows, m.cols // 2)
     return QMatrix(m.format, m.rows, m.cols, data, m.group, _groups_by_8(m.scale), _groups_by_8(m.min), row8=True)
 
 
 def from_row8(m: QMatrix) -> QMatrix:
     """The inverse of to_row8: m back in the row layout."""
     _check(m.row8, "the matrix is not row8")
-    words = m.data.view(torch.int32).reshape(m.rows // ROW8_ROWS, m.cols // I4_BLOCK, 4, ROW8_ROWS)
-    data = words.permute(0, 3, 1, 2).contiguous().view(torch.uint8).reshape(m.rows, m.cols // 2)
+    words = _words(m.data).reshape(m.rows // ROW8_ROWS, m.cols // 8, ROW8_ROWS)    # [G, (b, j), r]
+    data = words.transpose(1, 2).contiguous().view(torch.uint8).reshape(m.rows, m.cols // 2)
     return QMatrix(m.format, m.rows, m.cols, data, m.group, _rows_by_8(m.scale), _rows_by_8(m.min))
+
+
+def _words(codes: torch.Tensor) -> torch.Tensor:
+    """I4 codes as 4-byte words (one word: 4 bytes of one row's block, the unit row8 moves),
+    through an aligned copy when the codes do not start on a 4-byte boundary"""
+    if codes.storage_offset() % 4 or codes.data_ptr() % 4:
+        codes = codes.clone()
+    return codes.view(torch.int32)
 
 
 def _groups_by_8(t: torch.Tensor | None) -> torch.Tensor | None:

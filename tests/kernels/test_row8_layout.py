@@ -109,3 +109,12 @@ def test_row8_matrices_are_never_written():
     r8 = to_row8(quantize_reference(_randn(8, 128, seed=3), Format.I4, 32))
     with pytest.raises(WeightsError, match="in-memory layout"):
         matrix_entry(r8)
+
+
+def test_to_row8_takes_codes_that_start_off_a_word_boundary():
+    """Codes mapped from a file may start at any byte; to_row8 moves 4-byte words."""
+    w = quantize_reference(_randn(16, 128, seed=8), Format.I4, 32)
+    buf = torch.empty(w.data.numel() + 1, dtype=torch.uint8)
+    buf[1:].copy_(w.data.flatten())
+    shifted = QMatrix(w.format, w.rows, w.cols, buf[1:].view(w.rows, -1), w.group, w.scale)
+    assert np.array_equal(to_row8(shifted).data.numpy(), _row8_reference(w)[0])
