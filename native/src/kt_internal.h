@@ -172,9 +172,10 @@ static inline const uint8_t *kt_code_at(const uint8_t *start, int64_t chunk_stri
 
 /* ---- KT_LAYOUT_ROW8 (row8.c) ------------------------------------------------------
  * Rows [r0, r1) of a ROW8 matrix, r0 % 8 == 0 and r1 % 8 == 0 (rows % 8 == 0):
- * int8 activations on AVX2 run the 8-row kernel (simd_row8.h); every other case
- * (int16 or float activations, the GEMM, builds without AVX2) copies the rows into
- * the row layout, 24 at a time, and runs the row kernels on the copy. */
+ * int8 activations, and int16 ones split into int8 pairs (above), run the 8-row
+ * kernel on AVX2 builds (simd_row8.h); float activations, the GEMM and builds
+ * without AVX2 copy the rows into the row layout, 24 at a time, and run the row
+ * kernels on the copy (split pairs summed afterwards either way). */
 void kt_row8_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
                       const kt_acts *acts);
 

@@ -13,8 +13,9 @@
  *   acc[i] += s[i, g] * sa[b] * sum_{k in b} qw[i, k] * qa[k]
  * and once per group the zero point, -8 * s[i, g] (symmetric) or mn[i, g], times
  * gsum[g] = sum_{k in g} sa[b(k)] * qa[k] (kt_acts.q_group_sum).
- * int16 bound: a lane adds 8 pair sums of a block, each <= 2 * 15 * 127 = 3810,
- * so <= 30480 < 32767. */
+ * int16 bound: a lane adds 8 pair sums of a block, each <= 2 * 15 * 128 = 3840
+ * (activations are -127..127, or -128..127 for the low half of a split int16
+ * code), so <= 30720 < 32767. */
 #ifndef KT_SIMD_ROW8_H
 #define KT_SIMD_ROW8_H
 
