@@ -75,12 +75,23 @@ static size_t copy_bytes(const kt_matrix *w)
     return (size_t)(COPY_ROWS * kt_row_bytes(w) + 63) / 64 * 64 + 2 * (size_t)(COPY_ROWS * n_groups(w)) * 4;
 }
 
+/* Whether this build's 8-row kernel takes a (int8 rows: plain or split pairs) */
+static int kernel_takes(const kt_acts *a)
+{
+#if defined(KT_ROW8_KERNEL)
+    return a->q && !a->q16 && !a->float_acts;
+#else
+    (void)a;
+    return 0;
+#endif
+}
+
 /* Rows [r0, r1) for every row of a (for split activations: both rows of each pair) */
 static void rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1, const kt_acts *a,
                      uint8_t *copy_buf)
 {
 #if defined(KT_ROW8_KERNEL)
-    if (a->q && !a->q16 && !a->float_acts) {
+    if (kernel_takes(a)) {
         row8_rows_i4(out, ldo, w, r0, r1, a);
         return;
     }
@@ -102,6 +113,10 @@ int kt_row8_kernel(void)
 void kt_row8_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
                       const kt_acts *acts)
 {
+    if (!acts->split && kernel_takes(acts)) {
+        rows_f32(out, ldo, w, r0, r1, acts, NULL);     /* the decode path: no scratch */
+        return;
+    }
     const int64_t nr = r1 - r0;
     const size_t pair_bytes = acts->split ? (size_t)(acts->m * nr) * 4 : 0, copy = copy_bytes(w);
     uint8_t *buf = kt_thread_buffer(KT_BUF_ROW8, pair_bytes + copy);
