@@ -182,9 +182,8 @@ class MoEBlock(torch.nn.Module):
         self.usage, self.times = ExpertUsage(self.num_experts), MoETimes()
         self.clock = _DeviceClock(target.device)
         self.replacer = None        # optional hook: replacer.before_dispatch(block, ids [T, K] cpu)
-        self.router_counts = hasattr(router, "counts")      # SoftmaxTopK counts its choices itself
-        if self.router_counts:
-            router.counts = self.usage.routed
+        # a CPU SoftmaxTopK counts its choices itself, in its native routing call
+        self.router_counts = hasattr(router, "count_into") and router.count_into(self.usage.routed)
         self.set_placement(_placement_mask(on_device, self.num_experts))
 
     def set_placement(self, row: torch.Tensor) -> int:

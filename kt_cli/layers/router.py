@@ -34,13 +34,21 @@ class RouterLogits:
 
 class SoftmaxTopK(torch.nn.Module):
     """Mixtral / Qwen-MoE: softmax over all experts, top-k, optionally renormalised. On the
-    CPU one native call (ops.softmax_topk, int32 ids); elsewhere torch. `counts` [E] int64
-    on the CPU, when set (MoEBlock sets its ExpertUsage.routed), gains every choice."""
+    CPU one native call (ops.softmax_topk, int32 ids), which can also count the choices
+    (count_into); elsewhere torch."""
 
     def __init__(self, weight: torch.Tensor, top_k: int, normalize: bool):
         super().__init__()
         self.logits, self.top_k, self.normalize = RouterLogits(weight), top_k, normalize
         self.counts: torch.Tensor | None = None
+
+    def count_into(self, counts: torch.Tensor) -> bool:
+        """From now on add every choice to counts [E] int64 (an ExpertUsage.routed), where
+        routing runs natively (the CPU); -> whether it will."""
+        if self.logits.weight.device.type != "cpu":
+            return False
+        self.counts = counts
+        return True
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.logits(x)
@@ -49,8 +57,6 @@ class SoftmaxTopK(torch.nn.Module):
         weights, ids = logits.softmax(dim=-1).topk(self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        if self.counts is not None:
-            self.counts.index_add_(0, ids.flatten().cpu(), torch.ones(ids.numel(), dtype=torch.int64))
         return weights, ids
 
 

@@ -8,6 +8,8 @@ import torch
 from ..kernels import Kernels
 from .ffi_args import OpError, check_status, pointer
 
+MAX_K = 64      # kt.h KT_ROUTE_MAX_K
+
 
 def softmax_topk(kernels: Kernels, logits: torch.Tensor, k: int, normalize: bool,
                  counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,5 +39,3 @@ def _check(logits, k, counts) -> None:
                                    and tuple(counts.shape) == (logits.shape[1],)):
         raise OpError(f"expert counts must be a contiguous int64 cpu tensor of {logits.shape[1]}")
 
-
-MAX_K = 64      # kt.h KT_ROUTE_MAX_K
