@@ -7,8 +7,8 @@ several times more: on SmolLM2 (30 layers of 576) that glue outweighed the kerne
 A DecodePlan hands the whole layer to kt_decode_layer_f32 (kt.h), which runs the same
 kernels in the same order: norm, fused qkv projection, per-head norm (Qwen3), rope,
 cache write, decode attention, o_proj (with the projections' biases, if any) and the
-residual, then a dense gated SiLU MLP
-(other MLPs, MoE blocks, stay modules: the call covers the attention half only).
+residual, then a dense gated SiLU MLP. A CPU MoE block with softmax top-k routing
+runs as a second call (kt_cli.layers.decode_moe); other MLPs stay modules.
 
 The layer's shapes and weight descriptors are checked once, when the plan is built
 (C checks them again on every call); the step's contexts once per step; the hidden
@@ -22,6 +22,7 @@ from .. import ops
 from ..ops.ffi_args import OpError, check_status
 from ..ops.rope import supports_dim as rope_dim_ok
 from .attention import AttentionContext, GQAAttention
+from .decode_moe import moe_plan_for
 from .linear import Linear, dense_acts
 from .mlp import GatedMLP
 from .norm import RMSNorm
@@ -107,6 +108,7 @@ class DecodePlan:
         self.ffi, self.lib = self.pool.kernels.ffi, self.pool.kernels.lib
         self.hidden, self.head_dim, self.cache_index = attn.o_proj.rows, attn.head_dim, attn.layer
         self.desc = self._describe(layer, dense)
+        self.moe = None if dense else moe_plan_for(layer.mlp, layer.post_norm)
         self.acts_kinds = attn.o_proj.kernel.kinds      # dense_acts() name -> kt_acts_kind
         self.checked_caches = None
         self.scratch_floats = {}
@@ -152,6 +154,9 @@ class DecodePlan:
             cast("float *", scratch.data_ptr()), scratch.numel())
         check_status(rc, "kt_decode_layer_f32")
         if self.dense:
+            return out
+        if self.moe is not None and self.moe.applies():
+            self.moe(out, self.ws.scratch_for)
             return out
         return out + self.layer.mlp.forward(self.layer.post_norm.forward(out))
 

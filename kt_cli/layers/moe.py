@@ -224,6 +224,23 @@ class MoEBlock(torch.nn.Module):
         self.usage.count(ids, on, self.router_counts)
         return out
 
+    def native_decode_ok(self) -> bool:
+        """Whether this call may run as kt_decode_moe_f32 (kt_cli.layers.decode_moe): every
+        routed expert on the CPU, no shared expert, no placement hook, routing counted natively."""
+        return (self.router_counts and self.shared is None and self.replacer is None
+                and not self.device_experts.resident)
+
+    def account_native(self, tokens: int, seconds: float) -> None:
+        """The bookkeeping of forward() for a call kt_decode_moe_f32 ran (it added the routed
+        counts itself): all of it was CPU work the caller waited for."""
+        self.usage.assignments += tokens * self.router.top_k
+        times = self.times
+        times.calls += 1
+        times.cpu_wait_s += seconds
+        if seconds > BLOCKED_WAIT_S:
+            times.blocked += 1
+            times.cpu_s += seconds
+
     def _account(self, cpu_work: bool) -> None:
         clock, times = self.clock, self.times
         times.calls += 1

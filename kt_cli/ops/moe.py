@@ -127,6 +127,12 @@ class MoEExperts:
         _check(native.handle != ffi.NULL, "the native MoE operator refused this layer's descriptor")
         return native
 
+    def native_handle(self):
+        """The kt_moe * (cffi) for native callers (kt_decode_moe), after any pending job; valid
+        while this object lives."""
+        self._native.sync()
+        return self._native.handle
+
     def _tensors(self) -> list[torch.Tensor]:
         mats = [m for group in self.weights for m in group]
         return [t for m in mats for t in (m.data, m.scale, m.min) if t is not None]

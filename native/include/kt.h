@@ -283,3 +283,25 @@ int kt_moe_forward(kt_pool *pool, kt_moe *moe, float *out, const float *x,
 int kt_moe_submit(kt_pool *pool, kt_moe *moe, float *out, const float *x,
                   const int32_t *ids, const float *weights, int64_t T, int64_t K);
 int kt_moe_sync(kt_pool *pool);
+
+/* ---- the MoE half of a decode step ------------------------------------------------
+ * In place on h [n, hidden], the output of kt_decode_layer_f32 with inter == 0:
+ *   x = rmsnorm(h, post_norm)
+ *   (ids, w) = softmax top-k of x @ router^T    (kt_route_softmax_topk; counts may be NULL)
+ *   h += sum_k w[t, k] * y_{ids[t, k]}(x[t])    (kt_moe_forward)
+ * router: (n_experts, hidden) in any format kt_linear takes, on float32 activations.
+ * Scratch (floats, kt_decode_moe_scratch_floats): x [n, H], logits [n, E],
+ * weights and ids [n, K] each, y [n, H]. */
+typedef struct kt_decode_moe {
+    int64_t hidden;
+    int32_t n_experts, top_k, normalize;
+    const float *post_norm;
+    float post_eps;
+    const kt_matrix *router;
+    kt_moe *moe;
+    int64_t *counts;                                 /* [n_experts], or NULL: not counted */
+} kt_decode_moe;
+
+int64_t kt_decode_moe_scratch_floats(const kt_decode_moe *M, int64_t n);
+int kt_decode_moe_f32(kt_pool *pool, const kt_decode_moe *M, float *h, int64_t n, float *scratch,
+                      int64_t scratch_floats);

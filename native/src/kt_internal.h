@@ -191,4 +191,7 @@ void kt_matrix_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0,
 /* Checks a matrix descriptor's internal consistency (format, group, sizes). */
 int kt_matrix_check(const kt_matrix *w);
 
+/* A kt_moe's hidden size and expert count (moe.c). */
+void kt_moe_dims(const kt_moe *moe, int64_t *hidden, int32_t *n_experts);
+
 #endif

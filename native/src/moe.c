@@ -506,6 +506,12 @@ int kt_moe_submit(kt_pool *pool, kt_moe *moe, float *out, const float *x,
     return launch(pool, moe, out, x, ids, weights, T, K, 1);
 }
 
+void kt_moe_dims(const kt_moe *moe, int64_t *hidden, int32_t *n_experts)
+{
+    *hidden = moe->desc.hidden;
+    *n_experts = moe->desc.n_experts;
+}
+
 int kt_moe_sync(kt_pool *pool)
 {
     return kt_pool_wait(pool);

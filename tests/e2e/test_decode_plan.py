@@ -1,12 +1,14 @@
-"""Decode steps through the native decoder layer (kt_cli.layers.decode_plan): the same
-logits as transformers, within the bounds of the module path; used for every layer of
-every pure decode step where the layer allows it; bad inputs refused with an error."""
+"""Decode steps through the native decoder layer (kt_cli.layers.decode_plan) and the native
+MoE half (kt_cli.layers.decode_moe): the same logits as transformers, within the bounds of
+the module path; used for every layer of every pure decode step where the layer allows it;
+the routed counts kept; bad inputs refused with an error."""
 
 import pytest
 import torch
 
 from kt_cli import ops
 from kt_cli.layers.attention import AttentionContext
+from kt_cli.layers.decode_moe import MoEDecodePlan
 from kt_cli.layers.decode_plan import DecodePlan
 from kt_cli.models.registry import ModelOptions, build_model
 from kt_cli.ops.ffi_args import OpError
@@ -19,6 +21,8 @@ from tiny_models import VOCAB, PagedDriver, build_tiny, reference_logits, refere
 # attention half; Qwen2-MoE's q/k/v projections have biases, and its layer 1 is dense), no MLA one
 PLANNED = {"llama": "all", "llama_tied": "all", "mixtral": "all", "qwen3_moe": "all", "qwen3_moe_dense1": "all",
            "qwen2_moe": "all", "deepseek_v2_lite": "none"}
+# MoE blocks whose whole decode step is native: softmax top-k routing, no shared expert
+NATIVE_MOE = {"mixtral", "qwen3_moe", "qwen3_moe_dense1"}
 
 
 @pytest.fixture(scope="module", params=list(PLANNED))
@@ -27,15 +31,19 @@ def tiny(request, tmp_path_factory):
     return request.param, build_model(open_checkpoint(directory), ModelOptions()), reference_model(directory)
 
 
-def count_plan_calls(monkeypatch) -> list[int]:
+def count_calls(monkeypatch, cls) -> list[int]:
     calls = [0]
-    original = DecodePlan.__call__
+    original = cls.__call__
 
-    def counted(self, h, ctx):
+    def counted(self, *args):
         calls[0] += 1
-        return original(self, h, ctx)
-    monkeypatch.setattr(DecodePlan, "__call__", counted)
+        return original(self, *args)
+    monkeypatch.setattr(cls, "__call__", counted)
     return calls
+
+
+def moe_layers(model) -> list:
+    return [layer for layer in model.layers if layer.decode_plan is not None and not layer.decode_plan.dense]
 
 
 def decode_pairs(model, ref, prompts: dict[int, list[int]], steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -65,6 +73,8 @@ def test_which_layers_have_a_plan(tiny):
     assert all(planned) if PLANNED[kind] == "all" else not any(planned)
     if kind == "qwen2_moe":
         assert all(layer.decode_plan.desc.qkv_bias != layer.decode_plan.ffi.NULL for layer in model.layers)
+    natively = [layer.decode_plan.moe is not None for layer in moe_layers(model)]
+    assert all(natively) if kind in NATIVE_MOE else not any(natively)
     model.use_decode_plans(False)
     assert not any(layer.decode_plan is not None for layer in model.layers)
     model.use_decode_plans(True)
@@ -73,10 +83,11 @@ def test_which_layers_have_a_plan(tiny):
 @pytest.mark.parametrize("lengths", [(6,), (3, 9, 1)], ids=["one-sequence", "three-sequences"])
 def test_decode_steps_match_transformers(tiny, lengths, monkeypatch):
     kind, model, ref = tiny
-    calls = count_plan_calls(monkeypatch)
+    calls, moe_calls = count_calls(monkeypatch, DecodePlan), count_calls(monkeypatch, MoEDecodePlan)
     steps = 4
     planned = decode_pairs(model, ref, prompts(lengths), steps)
     assert calls[0] == (steps * model.config.num_layers if PLANNED[kind] == "all" else 0)
+    assert moe_calls[0] == (steps * len(moe_layers(model)) if kind in NATIVE_MOE else 0)
     assert_close(planned, f"{kind} decode through the native layer")
     model.use_decode_plans(False)
     try:
@@ -95,6 +106,78 @@ def test_dense_qwen3_layer_with_qk_norm_runs_whole(tmp_path):
     plans = [layer.decode_plan for layer in model.layers]
     assert [plan.dense for plan in plans] == [False, True]
     assert all(plan.desc.qk_norm != plan.ffi.NULL and plan.desc.inter == (96 if plan.dense else 0) for plan in plans)
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory):
+    directory = build_tiny("qwen3_moe", tmp_path_factory.mktemp("qwen3_moe"))
+    return build_model(open_checkpoint(directory), ModelOptions()), reference_model(directory)
+
+
+def routed_counts(model) -> torch.Tensor:
+    return torch.stack([layer.mlp.usage.routed.clone() for layer in moe_layers(model)])
+
+
+def reset_usage(model) -> None:
+    for layer in moe_layers(model):
+        layer.mlp.usage.reset()
+
+
+def test_native_moe_half_counts_what_the_modules_count(qwen3_moe, monkeypatch):
+    """The routed counts (placement's input) and assignments after native decode steps equal
+    those of the same steps through the modules (whose counts test_router checks against
+    bincount); a placement hook on a block sends that block back to the module path."""
+    model, ref = qwen3_moe
+    moe_calls = count_calls(monkeypatch, MoEDecodePlan)
+    reset_usage(model)
+    decode_pairs(model, ref, prompts((5, 2)), 3)
+    native, assignments = routed_counts(model), [layer.mlp.usage.assignments for layer in moe_layers(model)]
+    assert moe_calls[0] > 0 and int(native.sum()) > 0
+    reset_usage(model)
+    model.use_decode_plans(False)
+    try:
+        decode_pairs(model, ref, prompts((5, 2)), 3)
+    finally:
+        model.use_decode_plans(True)
+    assert torch.equal(routed_counts(model), native)
+    assert [layer.mlp.usage.assignments for layer in moe_layers(model)] == assignments
+
+    class Hook:
+        seen = 0
+
+        def before_dispatch(self, block, ids):
+            Hook.seen += 1
+    block = moe_layers(model)[0].mlp
+    block.replacer = Hook()
+    try:
+        before = moe_calls[0]
+        decode_pairs(model, ref, prompts((4,)), 2)
+    finally:
+        block.replacer = None
+    assert Hook.seen > 0 and moe_calls[0] - before == 2 * (len(moe_layers(model)) - 1)
+
+
+def test_native_moe_half_checks_its_sizes(qwen3_moe):
+    model, _ = qwen3_moe
+    plan = moe_layers(model)[0].decode_plan.moe
+    lib, ffi, desc = plan.lib, plan.ffi, plan.desc
+    assert lib.kt_decode_moe_scratch_floats(desc, 0) < 0 and lib.kt_decode_moe_scratch_floats(ffi.NULL, 1) < 0
+    need = lib.kt_decode_moe_scratch_floats(desc, 2)
+    h, scratch = torch.randn(2, desc.hidden), torch.empty(need)
+    p = lambda t: ffi.cast("float *", t.data_ptr())
+
+    def call(d=desc, floats=need):
+        return lib.kt_decode_moe_f32(ops.pool().handle, d, p(h), 2, p(scratch), floats)
+    assert call() == 0
+    assert call(floats=need - 1) == lib.KT_EINVAL
+    for field, value in (("hidden", desc.hidden + 1), ("n_experts", desc.n_experts + 1), ("top_k", 0),
+                         ("top_k", desc.n_experts + 1), ("post_eps", -1.0)):
+        wrong = ffi.new("kt_decode_moe *", desc[0])
+        setattr(wrong, field, value)
+        assert call(d=wrong) == lib.KT_EINVAL, field
+    wrong = ffi.new("kt_decode_moe *", desc[0])
+    wrong.router = moe_layers(model)[0].decode_plan.desc.o_proj      # (hidden, heads x head_dim): not a router
+    assert call(d=wrong) == lib.KT_EINVAL
 
 
 # ---- refused inputs ---------------------------------------------------------------------
