@@ -70,6 +70,12 @@ def _native_step(ctx: AttentionContext, n: int, head_dim: int, ffi):
     return step
 
 
+def check_hidden(h: torch.Tensor, hidden: int) -> None:
+    if not (h.dim() == 2 and h.shape[1] == hidden and h.dtype == torch.float32 and h.is_contiguous()
+            and h.device.type == "cpu" and h.shape[0] >= 1):
+        raise OpError(f"decode plan: hidden states must be a contiguous float32 cpu [n, {hidden}] tensor")
+
+
 def plan_for(layer, workspace: DecodeWorkspace) -> "DecodePlan | None":
     """A plan for this decoder layer when its attention half (and its MLP, if dense) runs
     on kt's CPU kernels in float32 (biases only on the attention projections); else None."""
@@ -136,12 +142,10 @@ class DecodePlan:
 
     def __call__(self, h: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """h [n, hidden] f32 -> the layer's output [n, hidden]; ctx.decode must be set"""
-        if not (h.dim() == 2 and h.shape[1] == self.hidden and h.dtype == torch.float32 and h.is_contiguous()
-                and h.device.type == "cpu" and h.shape[0] >= 1):
-            raise OpError(f"decode plan: hidden states must be a contiguous float32 cpu [n, {self.hidden}] tensor")
+        check_hidden(h, self.hidden)
         n = h.shape[0]
         step = self.ws.step_for(ctx, n, self.head_dim, self.ffi)
-        k_cache, v_cache = self._caches(ctx)
+        k_cache, v_cache = self.caches(ctx)
         floats = self.scratch_floats.get(n) or self.scratch_floats.setdefault(
             n, self.lib.kt_decode_scratch_floats(self.desc, n))
         scratch = self.ws.scratch_for(floats)
@@ -160,7 +164,8 @@ class DecodePlan:
             return out
         return out + self.layer.mlp.forward(self.layer.post_norm.forward(out))
 
-    def _caches(self, ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+    def caches(self, ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's (k, v) cache tensors in ctx, checked the first time they are seen."""
         caches = ctx.kv.layers[self.cache_index]
         if caches is not self.checked_caches:
             k_cache, v_cache = caches

@@ -10,6 +10,7 @@ from ..engine.forward_batch import ForwardBatch, KVSpec
 from ..errors import ModelError
 from ..layers.attention import AttentionContext
 from ..layers.decode_plan import DecodePlan, DecodeWorkspace, plan_for
+from ..layers.decode_stack import stack_for
 from ..layers.embedding import Embedding
 from ..layers.linear import Linear
 from ..layers.rope import RopeSpec, Rotary
@@ -44,11 +45,13 @@ class CausalLM(torch.nn.Module):
 
     def use_decode_plans(self, on: bool) -> None:
         """Decode steps of float32 CPU models run each plain GQA layer as straight native calls
-        (kt_cli.layers.decode_plan); off, every step goes through the modules."""
+        (kt_cli.layers.decode_plan), all layers in one call where every layer allows it
+        (kt_cli.layers.decode_stack); off, every step goes through the modules."""
         workspace = DecodeWorkspace()
         eligible = on and self.options.device == "cpu" and self.options.dtype == torch.float32
         for layer in self.layers:
             layer.decode_plan = plan_for(layer, workspace) if eligible else None
+        self.decode_stack = stack_for([layer.decode_plan for layer in self.layers], workspace) if eligible else None
 
     @classmethod
     def from_checkpoint(cls, ckpt, options: ModelOptions) -> "CausalLM":
@@ -77,8 +80,11 @@ class CausalLM(torch.nn.Module):
         self._check(batch)
         ctx = AttentionContext.build(batch, self.rotary, self.options.dtype)
         h = self.embed.forward(batch.input_ids)
-        for layer in self.layers:
-            h = layer.forward(h, ctx)
+        if self.decode_stack is not None and ctx.decode is not None and self.decode_stack.applies():
+            h = self.decode_stack(h, ctx)
+        else:
+            for layer in self.layers:
+                h = layer.forward(h, ctx)
         h = self.norm.forward(h.index_select(0, batch.logits_rows.to(h.device)))
         logits = self.lm_head.forward(h)
         return logits if logits.dtype == torch.float32 else logits.float()

@@ -305,3 +305,22 @@ typedef struct kt_decode_moe {
 int64_t kt_decode_moe_scratch_floats(const kt_decode_moe *M, int64_t n);
 int kt_decode_moe_f32(kt_pool *pool, const kt_decode_moe *M, float *h, int64_t n, float *scratch,
                       int64_t scratch_floats);
+
+/* ---- a decode step through a stack of layers --------------------------------------
+ * For i = 0 .. n_layers - 1, in place on h [n, hidden]: kt_decode_layer_f32 with
+ * layers[i].layer and its caches, then kt_decode_moe_f32 with layers[i].moe when that
+ * is not NULL. moe_seconds (n_layers doubles, or NULL) receives each MoE half's wall
+ * time (0 where there is none). Scratch: kt_decode_stack_scratch_floats floats.
+ * Every layer is checked as the single-layer calls check it, and all must share
+ * `hidden`; KT_EINVAL otherwise, with the layers before the bad one already applied. */
+typedef struct kt_decode_stack_layer {
+    const kt_decode_layer *layer;
+    const kt_decode_moe *moe;                        /* NULL: none (layer->inter > 0, or no MLP) */
+    float *k_cache, *v_cache;
+    int64_t cache_rows;
+} kt_decode_stack_layer;
+
+int64_t kt_decode_stack_scratch_floats(const kt_decode_stack_layer *layers, int32_t n_layers, int64_t n);
+int kt_decode_stack_f32(kt_pool *pool, const kt_decode_stack_layer *layers, int32_t n_layers,
+                        const kt_decode_step *s, float *h, float *scratch, int64_t scratch_floats,
+                        double *moe_seconds);

@@ -1,7 +1,8 @@
-"""Decode steps through the native decoder layer (kt_cli.layers.decode_plan) and the native
-MoE half (kt_cli.layers.decode_moe): the same logits as transformers, within the bounds of
-the module path; used for every layer of every pure decode step where the layer allows it;
-the routed counts kept; bad inputs refused with an error."""
+"""Decode steps through the native decoder layer (kt_cli.layers.decode_plan), the native
+MoE half (kt_cli.layers.decode_moe) and the whole stack in one call (decode_stack): the
+same logits as transformers, within the bounds of the module path, by either the stack or
+the per-layer calls; used for every layer of every pure decode step where the layer allows
+it; the routed counts kept; bad inputs refused with an error."""
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from kt_cli import ops
 from kt_cli.layers.attention import AttentionContext
 from kt_cli.layers.decode_moe import MoEDecodePlan
 from kt_cli.layers.decode_plan import DecodePlan
+from kt_cli.layers.decode_stack import DecodeStack
 from kt_cli.models.registry import ModelOptions, build_model
 from kt_cli.ops.ffi_args import OpError
 from kt_weights.checkpoint import open_checkpoint
@@ -23,6 +25,8 @@ PLANNED = {"llama": "all", "llama_tied": "all", "mixtral": "all", "qwen3_moe": "
            "qwen2_moe": "all", "deepseek_v2_lite": "none"}
 # MoE blocks whose whole decode step is native: softmax top-k routing, no shared expert
 NATIVE_MOE = {"mixtral", "qwen3_moe", "qwen3_moe_dense1"}
+# models whose decode steps are one native call: every layer planned, every MLP native
+STACKED = {"llama", "llama_tied", *NATIVE_MOE}
 
 
 @pytest.fixture(scope="module", params=list(PLANNED))
@@ -75,19 +79,26 @@ def test_which_layers_have_a_plan(tiny):
         assert all(layer.decode_plan.desc.qkv_bias != layer.decode_plan.ffi.NULL for layer in model.layers)
     natively = [layer.decode_plan.moe is not None for layer in moe_layers(model)]
     assert all(natively) if kind in NATIVE_MOE else not any(natively)
+    assert (model.decode_stack is not None) == (kind in STACKED)
     model.use_decode_plans(False)
     assert not any(layer.decode_plan is not None for layer in model.layers)
     model.use_decode_plans(True)
 
 
+@pytest.mark.parametrize("path", ["stack", "layers"])
 @pytest.mark.parametrize("lengths", [(6,), (3, 9, 1)], ids=["one-sequence", "three-sequences"])
-def test_decode_steps_match_transformers(tiny, lengths, monkeypatch):
+def test_decode_steps_match_transformers(tiny, lengths, path, monkeypatch):
     kind, model, ref = tiny
+    if path == "layers":
+        monkeypatch.setattr(model, "decode_stack", None)
     calls, moe_calls = count_calls(monkeypatch, DecodePlan), count_calls(monkeypatch, MoEDecodePlan)
+    stack_calls = count_calls(monkeypatch, DecodeStack)
     steps = 4
     planned = decode_pairs(model, ref, prompts(lengths), steps)
-    assert calls[0] == (steps * model.config.num_layers if PLANNED[kind] == "all" else 0)
-    assert moe_calls[0] == (steps * len(moe_layers(model)) if kind in NATIVE_MOE else 0)
+    stacked = path == "stack" and kind in STACKED
+    assert stack_calls[0] == (steps if stacked else 0)
+    assert calls[0] == (steps * model.config.num_layers if PLANNED[kind] == "all" and not stacked else 0)
+    assert moe_calls[0] == (steps * len(moe_layers(model)) if kind in NATIVE_MOE and not stacked else 0)
     assert_close(planned, f"{kind} decode through the native layer")
     model.use_decode_plans(False)
     try:
@@ -128,11 +139,12 @@ def test_native_moe_half_counts_what_the_modules_count(qwen3_moe, monkeypatch):
     those of the same steps through the modules (whose counts test_router checks against
     bincount); a placement hook on a block sends that block back to the module path."""
     model, ref = qwen3_moe
-    moe_calls = count_calls(monkeypatch, MoEDecodePlan)
+    moe_calls, stack_calls = count_calls(monkeypatch, MoEDecodePlan), count_calls(monkeypatch, DecodeStack)
     reset_usage(model)
     decode_pairs(model, ref, prompts((5, 2)), 3)
     native, assignments = routed_counts(model), [layer.mlp.usage.assignments for layer in moe_layers(model)]
-    assert moe_calls[0] > 0 and int(native.sum()) > 0
+    assert stack_calls[0] == 3 and moe_calls[0] == 0 and int(native.sum()) > 0
+    assert all(layer.mlp.times.calls >= 3 for layer in moe_layers(model))
     reset_usage(model)
     model.use_decode_plans(False)
     try:
@@ -154,7 +166,7 @@ def test_native_moe_half_counts_what_the_modules_count(qwen3_moe, monkeypatch):
         decode_pairs(model, ref, prompts((4,)), 2)
     finally:
         block.replacer = None
-    assert Hook.seen > 0 and moe_calls[0] - before == 2 * (len(moe_layers(model)) - 1)
+    assert Hook.seen > 0 and moe_calls[0] - before == 2 * (len(moe_layers(model)) - 1) and stack_calls[0] == 3
 
 
 def test_native_moe_half_checks_its_sizes(qwen3_moe):
@@ -243,3 +255,31 @@ def test_native_layer_checks_its_sizes(llama):
     wrong = ffi.new("kt_decode_layer *", plan.desc[0])
     wrong.heads = wrong.kv_heads + 1              # not a multiple of the KV heads
     assert call(desc=wrong) == lib.KT_EINVAL
+
+
+def test_native_stack_checks_its_sizes(qwen3_moe):
+    model, _ = qwen3_moe
+    stack = model.decode_stack
+    lib, ffi, n_layers = stack.lib, stack.ffi, len(stack.plans)
+    assert lib.kt_decode_stack_scratch_floats(stack.layers, 0, 1) < 0
+    assert lib.kt_decode_stack_scratch_floats(ffi.NULL, n_layers, 1) < 0
+    assert lib.kt_decode_stack_scratch_floats(stack.layers, n_layers, 0) < 0
+    ctx, _ = decode_context(model)
+    step = stack.ws.step_for(ctx, 1, stack.head_dim, ffi)
+    stack._bind_caches(ctx)
+    need = lib.kt_decode_stack_scratch_floats(stack.layers, n_layers, 1)
+    h, scratch, seconds = torch.randn(1, stack.hidden), torch.empty(need), ffi.new("double[]", n_layers)
+    p = lambda t: ffi.cast("float *", t.data_ptr())
+
+    def call(layers=stack.layers, floats=need):
+        return lib.kt_decode_stack_f32(ops.pool().handle, layers, n_layers, step, p(h), p(scratch), floats, seconds)
+    assert call() == 0 and all(seconds[i] > 0 for i in range(n_layers))
+    assert call(floats=need - 1) == lib.KT_EINVAL
+    layers = ffi.new("kt_decode_stack_layer[]", [stack.layers[i] for i in range(n_layers)])
+    layers[n_layers - 1].layer = ffi.NULL
+    assert call(layers) == lib.KT_EINVAL
+    wider = ffi.new("kt_decode_moe *", stack.layers[0].moe[0])
+    wider.hidden += 1
+    layers = ffi.new("kt_decode_stack_layer[]", [stack.layers[i] for i in range(n_layers)])
+    layers[0].moe = wider
+    assert call(layers) == lib.KT_EINVAL
