@@ -106,6 +106,19 @@ def _linear_ok(linear, biased: bool = False) -> bool:
                          and tuple(b.shape) == (linear.rows,))
 
 
+def _layer_acts(layer, dense: bool) -> str:
+    """A kt_decode_layer gives all its projections one kind of activations: int16 when any
+    of them takes it (Q4_K_M files keep some v and down projections in Q6_K, an I8 format),
+    else int8. The modules are set to the same, so both paths compute the same."""
+    linears = [layer.attn.qkv.linears[0], layer.attn.o_proj]
+    if dense:
+        linears += [layer.mlp.gate_up.linears[0], layer.mlp.down]
+    acts = "int16" if any(linear.decode_acts == "int16" for linear in linears) else "int8"
+    for linear in linears:
+        linear.decode_acts = acts
+    return acts
+
+
 class DecodePlan:
     def __init__(self, layer, dense: bool, workspace: DecodeWorkspace):
         attn = layer.attn
@@ -116,6 +129,7 @@ class DecodePlan:
         self.desc = self._describe(layer, dense)
         self.moe = None if dense else moe_plan_for(layer.mlp, layer.post_norm)
         self.acts_kinds = attn.o_proj.kernel.kinds      # dense_acts() name -> kt_acts_kind
+        self.decode_acts = _layer_acts(layer, dense)
         self.checked_caches = None
         self.scratch_floats = {}
 
@@ -149,7 +163,7 @@ class DecodePlan:
         floats = self.scratch_floats.get(n) or self.scratch_floats.setdefault(
             n, self.lib.kt_decode_scratch_floats(self.desc, n))
         scratch = self.ws.scratch_for(floats)
-        self.desc.acts = self.acts_kinds[dense_acts(n)]
+        self.desc.acts = self.acts_kinds[dense_acts(n, self.decode_acts)]
         out = torch.empty_like(h)
         cast = self.ffi.cast
         rc = self.lib.kt_decode_layer_f32(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kt_weights.layout import QMatrix
+from kt_weights.layout import Format, QMatrix
 
 from .. import ops
 from ..errors import ModelError
@@ -37,16 +37,25 @@ class Target:
 GEMM_MIN_TOKENS = 16
 
 
-def dense_acts(m: int) -> str:
-    """The activations dense layers give I8/I4 weights for m tokens. Dense layers
-    see every token of every layer, and int8 activations flipped near-ties in the
-    output (SmolLM2 answered "What is the capital of France?" in French: "The" led
-    "L" by 0.08 logits in fp32), so they take int16 in decode (each value within
-    1/65534 of its 32-block's largest: integer products, 2-3x fewer instructions
-    than converting every weight to float) and float32 from GEMM_MIN_TOKENS tokens,
-    where the GEMM reuses each dequantized weight panel. Routed experts keep int8
-    activations (kt_cli.ops.moe)."""
-    return "int16" if m < GEMM_MIN_TOKENS else "f32"
+def decode_acts(fmt: Format) -> str:
+    """The activations dense layers give weights of format fmt below GEMM_MIN_TOKENS tokens
+    (from there on float32, where the GEMM reuses each dequantized weight panel): int8 for
+    I4 weights, int16 for I8 ones (float formats always take float32).
+
+    The rule: quantizing activations must add little to the weights' own error. Per
+    element, 4-bit codes err by ~1/52 of a group's range (rms), int8 activations by
+    ~1/880 of a 32-block's: 17x below, and llama.cpp multiplies its 4-bit formats by
+    8-bit activations too. Against 8-bit codes (Q8_0, Q6_K) int8 activations would add
+    an error as large as the weights', so those take int16 (within 1/65534 of a block's
+    largest value, as two int8 passes: ~1.2-1.3x the int8 time). SmolLM2's answer to
+    "What is the capital of France?" hangs on a 0.08-logit near-tie in its first token,
+    which its I8 lm_head (Q8_0) keeps on "The" with int16; int8 there flipped it to French."""
+    return "int16" if fmt == Format.I8 else "int8"
+
+
+def dense_acts(m: int, decode: str) -> str:
+    """-> the activations for m tokens of a layer whose decode activations are `decode`"""
+    return decode if m < GEMM_MIN_TOKENS else "f32"
 
 
 class Linear(torch.nn.Module):
@@ -55,6 +64,7 @@ class Linear(torch.nn.Module):
         self.rows, self.cols = weight.rows, weight.cols
         self.target = target
         self.qweight = ops.decode_layout(weight) if target.on_cpu else None
+        self.decode_acts = decode_acts(weight.format)      # a decode plan may raise it to its layer's
         self.kernel = ops.BoundLinear(ops.pool(), self.qweight) if target.on_cpu else None
         self.weight = None if target.on_cpu else target.put(weight.dequantize())
         self.bias = None if bias is None else target.put(bias)
@@ -66,7 +76,7 @@ class Linear(torch.nn.Module):
         flat = x.reshape(-1, self.cols)
         if flat.dtype != torch.float32:
             flat = flat.float()
-        y = self.kernel(flat.contiguous(), dense_acts(flat.shape[0]))
+        y = self.kernel(flat.contiguous(), dense_acts(flat.shape[0], self.decode_acts))
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
         if x.dim() != 2:

@@ -298,9 +298,9 @@ def replace_max(sampling, max_tokens: int):
 def france_answers(smollm2_gguf) -> dict:
     """--prompt and stdin on the default model, run side by side (one thread each), with no
     system prompt and default sampling: the issue's command. SmolLM2's first token is then a near-tie ("The" leads
-    "L" by 0.08 logits in transformers' float32 run); int8 activations in the dense layers
-    flipped it into a French answer, which is why they take float32 activations
-    (kt_cli/layers/linear.py)."""
+    "L" by 0.08 logits in transformers' float32 run); int8 activations in its Q8_0 (I8) lm_head
+    flipped it into a French answer, which is why I8 weights take int16 activations
+    (kt_cli/layers/linear.py decode_acts)."""
     env = chat_env()
     common = ["--threads", "1", "--max-tokens", "64"]     # one-shot answers default to greedy
     runs = {

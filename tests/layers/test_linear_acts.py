@@ -1,0 +1,84 @@
+"""Which activations dense layers give quantized weights in decode (kt_cli.layers.linear
+decode_acts): int8 against 4-bit codes, int16 against 8-bit ones, float32 from
+GEMM_MIN_TOKENS tokens; checked on the output against fp64 references of each choice.
+A decode plan gives its whole layer one kind (int16 if any projection takes it), and
+the modules follow it."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kt_cli.layers.decode_plan import _layer_acts
+from kt_cli.layers.linear import GEMM_MIN_TOKENS, Linear, Target
+from kt_weights.layout import Format, quantize_reference
+
+CPU = Target(torch.device("cpu"), torch.float32)
+BLOCK = 32
+
+
+def acts_reference(x: torch.Tensor, levels: int) -> torch.Tensor:
+    """x quantized symmetrically with one scale per 32 values (kt_acts), in fp64"""
+    xb = x.double().reshape(x.shape[0], -1, BLOCK)
+    scale = xb.abs().amax(dim=2, keepdim=True) / levels
+    return (torch.round(xb / scale).clamp(-levels, levels) * scale).reshape(x.shape)
+
+
+def rel_err(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
+    ref = x.double() @ w.double().T
+    return float((out.double() - ref).norm() / (x.double().abs() @ w.double().abs().T).norm())
+
+
+def layer_of(fmt: Format, rows: int = 96, cols: int = 256, seed: int = 0) -> tuple[Linear, torch.Tensor]:
+    w = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
+    q = quantize_reference(w, fmt, 32, fmt == Format.I8)
+    return Linear(q, None, CPU), q.dequantize()
+
+
+@pytest.mark.parametrize("m", [1, 3, GEMM_MIN_TOKENS - 1])
+def test_i4_weights_meet_int8_activations(m):
+    linear, w = layer_of(Format.I4)
+    x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
+    assert linear.decode_acts == "int8"
+    assert rel_err(linear(x), acts_reference(x, 127), w) < 1e-6
+
+
+@pytest.mark.parametrize("m", [1, 3, GEMM_MIN_TOKENS - 1])
+def test_i8_weights_meet_int16_activations(m):
+    """Within the int16 bound of the unquantized x, which int8 activations miss ~100x."""
+    linear, w = layer_of(Format.I8)
+    x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
+    assert linear.decode_acts == "int16"
+    assert rel_err(linear(x), acts_reference(x, 32767), w) < 1e-6
+    assert rel_err(linear(x), x, w) < 2e-5 < rel_err(acts_reference(x, 127).float() @ w.T, x, w)
+
+
+@pytest.mark.parametrize("fmt", [Format.I4, Format.I8], ids=lambda f: f.name)
+def test_prefill_takes_float32(fmt):
+    linear, w = layer_of(fmt)
+    x = torch.randn(GEMM_MIN_TOKENS, w.shape[1], generator=torch.Generator().manual_seed(5))
+    assert rel_err(linear(x), x, w) < 1e-6
+
+
+def fake_layer(qkv: Format, o: Format, gate_up: Format, down: Format):
+    part = lambda fmt: layer_of(fmt, 64, 64)[0]
+    attn = SimpleNamespace(qkv=SimpleNamespace(linears=[part(qkv)]), o_proj=part(o))
+    return SimpleNamespace(attn=attn, mlp=SimpleNamespace(gate_up=SimpleNamespace(linears=[part(gate_up)]),
+                                                          down=part(down)))
+
+
+def parts(layer) -> list[Linear]:
+    return [layer.attn.qkv.linears[0], layer.attn.o_proj, layer.mlp.gate_up.linears[0], layer.mlp.down]
+
+
+def test_a_layer_takes_one_kind_of_activations():
+    """Q4_K_M keeps some down projections in Q6_K (I8): the whole layer then takes int16,
+    modules included; an MoE layer's plan covers only its attention projections."""
+    mixed = fake_layer(Format.I4, Format.I4, Format.I4, Format.I8)
+    assert _layer_acts(mixed, dense=True) == "int16"
+    assert [p.decode_acts for p in parts(mixed)] == ["int16"] * 4
+    plain = fake_layer(Format.I4, Format.I4, Format.I4, Format.I4)
+    assert _layer_acts(plain, dense=True) == "int8"
+    moe = fake_layer(Format.I4, Format.I4, Format.I8, Format.I8)
+    assert _layer_acts(moe, dense=False) == "int8"
+    assert [p.decode_acts for p in parts(moe)] == ["int8", "int8", "int16", "int16"]
