@@ -2,6 +2,7 @@
 format (I8/I4 codes in the layouts the kernels stream fastest, ops.decode_layout) and runs through kt's kernels; on a GPU it is dequantized once
 into the compute dtype and runs through torch."""
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -38,9 +39,8 @@ GEMM_MIN_TOKENS = 16
 
 
 def decode_acts(fmt: Format) -> str:
-    """The activations dense layers give weights of format fmt below GEMM_MIN_TOKENS tokens
-    (from there on float32, where the GEMM reuses each dequantized weight panel): int8 for
-    I4 weights, int16 for I8 ones (float formats always take float32).
+    """The activations dense layers give weights of format fmt below GEMM_MIN_TOKENS tokens:
+    int8 for I4 weights, int16 for I8 ones (float formats always take float32).
 
     The rule: quantizing activations must add little to the weights' own error. Per
     element, 4-bit codes err by ~1/52 of a group's range (rms), int8 activations by
@@ -53,9 +53,24 @@ def decode_acts(fmt: Format) -> str:
     return "int16" if fmt == Format.I8 else "int8"
 
 
+# builds whose int8 kernel outruns the float32 GEMM on prefill-sized inputs: avx2's 8-row I4
+# kernel 1.3-1.4x at 128-512 tokens, 2.5x at 16 (2-core Zen 3). AVX-512 builds run the same
+# 256-bit int8 code beside a GEMM twice as wide, not measured yet: they keep the GEMM.
+INT8_PREFILL_VARIANTS = frozenset({"avx2"})
+
+
 def dense_acts(m: int, decode: str) -> str:
-    """-> the activations for m tokens of a layer whose decode activations are `decode`"""
-    return decode if m < GEMM_MIN_TOKENS else "f32"
+    """-> the activations for m tokens of a layer whose decode activations are `decode`:
+    those below GEMM_MIN_TOKENS; from there the float32 GEMM, which reuses each dequantized
+    weight panel, unless they are int8 and this build's int8 kernel is the faster."""
+    if m < GEMM_MIN_TOKENS:
+        return decode
+    return "int8" if decode == "int8" and _int8_prefill() else "f32"
+
+
+@functools.cache
+def _int8_prefill() -> bool:
+    return ops.pool().kernels.variant in INT8_PREFILL_VARIANTS
 
 
 class Linear(torch.nn.Module):
