@@ -67,6 +67,14 @@ def test_linear_on_row8_weights(ops, rows, cols, group, symmetric, m):
     assert rel_err(ops.linear(x, r8, acts="int16"), _acts_reference(x, SPLIT_MAX), w.dequantize()) < QUANT_EXACT_BOUND
 
 
+@pytest.mark.parametrize("m", [64, 65, 130])      # kt's 8-row kernel walks tokens in chunks of 64
+@pytest.mark.parametrize("rows, cols, group", [ROW8_CASES[1], ROW8_CASES[3], ROW8_CASES[5]])
+def test_linear_on_row8_weights_past_a_token_chunk(ops, rows, cols, group, m):
+    w = quantize_reference(_randn(rows, cols, seed=rows + m), Format.I4, group, symmetric=False)
+    x = _randn(m, cols, seed=m)
+    assert rel_err(ops.linear(x, to_row8(w)), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
+
+
 def test_decode_layout_picks_row8_where_the_kernel_is(ops):
     w = quantize_reference(_randn(16, 128, seed=5), Format.I4, 32)
     has_kernel = bool(ops.kernels.lib.kt_row8_kernel())
