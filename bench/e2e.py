@@ -1,21 +1,34 @@
 """End-to-end tokens/s through kt's engine, like llama-bench: prefill of N-token prompts
-(ppN) and batch-1 greedy decode of N tokens (tgN). Prints a table, or JSON with --json;
-for SmolLM2 it also shows llama.cpp's figures from shared/reference/llamacpp_bench.json.
+(ppN) and batch-1 greedy decode of N tokens (tgN). Prints a table, or JSON with --json.
 
-    python bench/e2e.py [MODEL] [--pp 128 512] [--tg 64] [--repeats 3] [--threads 2] [--json]
+Peers, in the same run:
+- llama.cpp's stored figures (shared/reference/llamacpp_bench.json, an AVX-512 host with
+  ~47.5 GB/s of read bandwidth) for SmolLM2 and the scaled Qwen3-MoE of bench/scaled_model.py.
+  Decode reads every active weight once a token, so its figure is also shown scaled by the
+  read bandwidth this run measures (the kt doctor probe, before and after) over the stored
+  host's; prefill is bound by compute, and its stored figure is shown as it is.
+- --llama-cpp PYTHON: llama.cpp itself, through bench/llamacpp_peer.py run by an interpreter
+  that has llama-cpp-python, on the same file and threads, after kt's runs.
+
+    python bench/e2e.py [MODEL] [--pp 128 512] [--tg 64] [--repeats 3] [--threads 2]
+                        [--llama-cpp OTHER_PYTHON] [--json]
 """
 
 import argparse
 import json
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
 import torch
 
-from kt_cli import LLM, SamplingParams, hardware, store
+from kt_cli import LLM, SamplingParams, hardware, ops, store
+from kt_cli.doctor import MEMBW_PROBE_BYTES
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "llamacpp_bench.json"
+REFERENCE_GBPS = 47.5    # the stored host's 2-thread read bandwidth (issue #4: ~45-50 GB/s)
+PEER = Path(__file__).resolve().parent / "llamacpp_peer.py"
 
 
 def parse_args() -> argparse.Namespace:
@@ -26,6 +39,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="kt kernel threads")
     parser.add_argument("--torch-threads", type=int, default=None)
+    parser.add_argument("--llama-cpp", metavar="PYTHON", help="an interpreter with llama-cpp-python: run it too")
     parser.add_argument("--json", action="store_true")
     return parser.parse_args()
 
@@ -64,13 +78,37 @@ def measure(llm: LLM, kind: str, n: int, repeats: int) -> dict:
             "stddev": statistics.stdev(rates) if len(rates) > 1 else 0.0}
 
 
+def reference_name(model: str) -> str:
+    """The stored llama-bench file name a model file stands for: its own, or for the scaled
+    Qwen3-MoE of bench/scaled_model.py (qwen3moe-8L-Q4_0.gguf) the stored one of its type
+    (qwen3moe-8L-A0.6B-Q4_0.gguf)."""
+    name = Path(model).name
+    if name.startswith("qwen3moe-8L-") and not name.startswith("qwen3moe-8L-A"):
+        return "qwen3moe-8L-A0.6B-" + name.removeprefix("qwen3moe-8L-")
+    return name
+
+
 def llamacpp_figures(model: str) -> dict[str, dict]:
     """llama-bench rows for this model file, keyed ppN, and tg for its one decode row."""
     if not REFERENCE.is_file():
         return {}
     rows = json.loads(REFERENCE.read_text())["rows"]
     return {(f"pp{r['n_prompt']}" if r["n_prompt"] else "tg"): {"tokens_per_s": r["avg_ts"], "n": r["n_gen"] or r["n_prompt"]}
-            for r in rows if r["model"] == Path(model).name}
+            for r in rows if r["model"] == reference_name(model)}
+
+
+def read_gbps() -> float:
+    """The read bandwidth kt doctor reports, measured the same way"""
+    return float(ops.membw_read_gbps(MEMBW_PROBE_BYTES, 3))
+
+
+def run_peer(python: str, args: argparse.Namespace) -> dict[str, dict]:
+    command = [python, str(PEER), args.model, "--pp", *map(str, args.pp), "--tg", *map(str, args.tg),
+               "--repeats", str(args.repeats), "--threads", str(args.threads or hardware.default_threads())]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"llama.cpp peer failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return {row["test"]: row for row in json.loads(done.stdout)}
 
 
 def main() -> None:
@@ -78,22 +116,45 @@ def main() -> None:
     longest = max([*args.pp, *args.tg, 16]) + 2
     llm = LLM(args.model, threads=args.threads, torch_threads=args.torch_threads, ctx=longest,
               max_batch=1, max_step_tokens=longest, prefix_caching=False)
+    probes = [read_gbps()]
     results = [measure(llm, "pp", n, args.repeats) for n in args.pp]
     results += [measure(llm, "tg", n, args.repeats) for n in args.tg]
+    probes.append(read_gbps())
+    gbps = statistics.mean(probes)
+    peer = run_peer(args.llama_cpp, args) if args.llama_cpp else {}
     reference = llamacpp_figures(args.model)
     for row in results:
         row["llamacpp"] = reference.get(row["test"]) or reference.get(row["test"][:2])
+        if row["llamacpp"] and row["test"].startswith("tg"):
+            row["llamacpp_scaled"] = row["llamacpp"]["tokens_per_s"] * gbps / REFERENCE_GBPS
+        if row["test"] in peer:
+            row["peer"] = peer[row["test"]]
     if args.json:
         print(json.dumps({"model": args.model, "kt_threads": hardware.default_threads(),
-                          "torch_threads": torch.get_num_threads(), "results": results}, indent=1))
+                          "torch_threads": torch.get_num_threads(), "read_gbps": probes,
+                          "results": results}, indent=1))
         return
-    print(f"{'test':>8} {'kt tok/s':>10} {'+/-':>7}   llama.cpp (same test or nearest n, 2 threads)")
+    print(f"read bandwidth (kt doctor probe) before / after: {probes[0]:.1f} / {probes[1]:.1f} GB/s; "
+          f"stored llama.cpp host: {REFERENCE_GBPS} GB/s")
+    print(f"{'test':>8} {'kt tok/s':>10} {'+/-':>7}   {'llama.cpp here':>16}   {'stored (n)':>16}"
+          f"   {'stored x bw':>12}")
     for row in results:
-        print(f"{row['test']:>8} {row['tokens_per_s']:>10.2f} {row['stddev']:>7.2f}   {_reference_text(row['llamacpp'])}")
+        print(f"{row['test']:>8} {row['tokens_per_s']:>10.2f} {row['stddev']:>7.2f}   {_peer_text(row):>16}"
+              f"   {_reference_text(row['llamacpp']):>16}   {_scaled_text(row):>12}")
+
+
+def _peer_text(row: dict) -> str:
+    peer = row.get("peer")
+    return f"{peer['tokens_per_s']:.2f} ({row['tokens_per_s'] / peer['tokens_per_s']:.2f}x)" if peer else "-"
 
 
 def _reference_text(ref: dict | None) -> str:
     return f"{ref['tokens_per_s']:.2f} (n={ref['n']})" if ref else "-"
+
+
+def _scaled_text(row: dict) -> str:
+    scaled = row.get("llamacpp_scaled")
+    return f"{scaled:.1f} ({row['tokens_per_s'] / scaled:.2f}x)" if scaled else "-"
 
 
 if __name__ == "__main__":
