@@ -38,21 +38,17 @@ def layer_of(fmt: Format, rows: int = 96, cols: int = 256, seed: int = 0) -> tup
 
 
 @pytest.mark.parametrize("m", [1, 3, GEMM_MIN_TOKENS - 1])
-def test_i4_weights_meet_int8_activations(m):
-    linear, w = layer_of(Format.I4)
+@pytest.mark.parametrize("fmt, acts, levels", [(Format.I4, "int8", 127), (Format.I8, "int16", 32767)],
+                         ids=["I4-int8", "I8-int16"])
+def test_decode_activations_follow_the_weights(fmt, acts, levels, m):
+    """Each within f32 rounding of its own quantized-x reference; I8's also within the int16
+    bound of the unquantized x, which int8 activations miss ~100x."""
+    linear, w = layer_of(fmt)
     x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
-    assert linear.decode_acts == "int8"
-    assert rel_err(linear(x), acts_reference(x, 127), w) < 1e-6
-
-
-@pytest.mark.parametrize("m", [1, 3, GEMM_MIN_TOKENS - 1])
-def test_i8_weights_meet_int16_activations(m):
-    """Within the int16 bound of the unquantized x, which int8 activations miss ~100x."""
-    linear, w = layer_of(Format.I8)
-    x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
-    assert linear.decode_acts == "int16"
-    assert rel_err(linear(x), acts_reference(x, 32767), w) < 1e-6
-    assert rel_err(linear(x), x, w) < 2e-5 < rel_err(acts_reference(x, 127).float() @ w.T, x, w)
+    assert linear.decode_acts == acts
+    assert rel_err(linear(x), acts_reference(x, levels), w) < 1e-6
+    if fmt == Format.I8:
+        assert rel_err(linear(x), x, w) < 2e-5 < rel_err(acts_reference(x, 127).float() @ w.T, x, w)
 
 
 @pytest.mark.parametrize("fmt", [Format.I4, Format.I8], ids=lambda f: f.name)
