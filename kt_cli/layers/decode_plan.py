@@ -106,14 +106,17 @@ def _linear_ok(linear, biased: bool = False) -> bool:
                          and tuple(b.shape) == (linear.rows,))
 
 
+ACTS_PRECISION = ("int8", "int16", "f32")
+
+
 def _layer_acts(layer, dense: bool) -> str:
-    """A kt_decode_layer gives all its projections one kind of activations: int16 when any
-    of them takes it (Q4_K_M files keep some v and down projections in Q6_K, an I8 format),
-    else int8. The modules are set to the same, so both paths compute the same."""
+    """A kt_decode_layer gives all its projections one kind of activations: the most precise
+    any of them takes (f32 > int16 > int8; Q4_K_M files keep some v and down projections in
+    Q6_K, an I8 format). The modules are set to the same, so both paths compute the same."""
     linears = [layer.attn.qkv.linears[0], layer.attn.o_proj]
     if dense:
         linears += [layer.mlp.gate_up.linears[0], layer.mlp.down]
-    acts = "int16" if any(linear.decode_acts == "int16" for linear in linears) else "int8"
+    acts = max((linear.decode_acts for linear in linears), key=ACTS_PRECISION.index)
     for linear in linears:
         linear.decode_acts = acts
     return acts

@@ -40,7 +40,8 @@ GEMM_MIN_TOKENS = 16
 
 def decode_acts(fmt: Format) -> str:
     """The activations dense layers give weights of format fmt below GEMM_MIN_TOKENS tokens:
-    int8 for I4 weights, int16 for I8 ones (float formats always take float32).
+    int8 for I4 weights, int16 for I8 ones, float32 for float formats (kt_linear would
+    round them to bf16 for BF16 weights on AVX512-BF16 builds if asked for int8).
 
     The rule: quantizing activations must add little to the weights' own error. Per
     element, 4-bit codes err by ~1/52 of a group's range (rms), int8 activations by
@@ -50,7 +51,7 @@ def decode_acts(fmt: Format) -> str:
     largest value, as two int8 passes: ~1.2-1.3x the int8 time). SmolLM2's answer to
     "What is the capital of France?" hangs on a 0.08-logit near-tie in its first token,
     which its I8 lm_head (Q8_0) keeps on "The" with int16; int8 there flipped it to French."""
-    return "int16" if fmt == Format.I8 else "int8"
+    return {Format.I8: "int16", Format.I4: "int8"}.get(fmt, "f32")
 
 
 # builds whose int8 kernel outruns the float32 GEMM on prefill-sized inputs: avx2's 8-row I4

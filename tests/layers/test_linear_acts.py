@@ -13,7 +13,7 @@ import torch
 from kt_cli.layers.decode_plan import _layer_acts
 from kt_cli import ops
 from kt_cli.layers.linear import GEMM_MIN_TOKENS, INT8_PREFILL_VARIANTS, Linear, Target, dense_acts
-from kt_weights.layout import Format, quantize_reference
+from kt_weights.layout import Format, QMatrix, quantize_reference
 
 CPU = Target(torch.device("cpu"), torch.float32)
 BLOCK = 32
@@ -33,7 +33,10 @@ def rel_err(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
 
 def layer_of(fmt: Format, rows: int = 96, cols: int = 256, seed: int = 0) -> tuple[Linear, torch.Tensor]:
     w = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
-    q = quantize_reference(w, fmt, 32, fmt == Format.I8)
+    if fmt.quantized:
+        q = quantize_reference(w, fmt, 32, fmt == Format.I8)
+    else:
+        q = QMatrix(fmt, rows, cols, w.to(torch.bfloat16))
     return Linear(q, None, CPU), q.dequantize()
 
 
@@ -62,6 +65,16 @@ def test_prefill_takes_int8_or_float32(fmt):
     assert rel_err(linear(x), acts_reference(x, 127) if int8 else x, w) < 1e-6
 
 
+@pytest.mark.parametrize("m", [1, GEMM_MIN_TOKENS + 3])
+def test_float_weights_take_float32(m):
+    """BF16 weights: float32 activations at any m (int8 would have kt_linear round them to bf16
+    on AVX512-BF16 builds)."""
+    linear, w = layer_of(Format.BF16)
+    x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
+    assert linear.decode_acts == "f32" and dense_acts(m, linear.decode_acts) == "f32"
+    assert rel_err(linear(x), x, w) < 1e-5
+
+
 def fake_layer(qkv: Format, o: Format, gate_up: Format, down: Format):
     part = lambda fmt: layer_of(fmt, 64, 64)[0]
     attn = SimpleNamespace(qkv=SimpleNamespace(linears=[part(qkv)]), o_proj=part(o))
@@ -81,6 +94,8 @@ def test_a_layer_takes_one_kind_of_activations():
     assert [p.decode_acts for p in parts(mixed)] == ["int16"] * 4
     plain = fake_layer(Format.I4, Format.I4, Format.I4, Format.I4)
     assert _layer_acts(plain, dense=True) == "int8"
+    floats = fake_layer(Format.BF16, Format.I4, Format.I4, Format.I4)
+    assert _layer_acts(floats, dense=True) == "f32"
     moe = fake_layer(Format.I4, Format.I4, Format.I8, Format.I8)
     assert _layer_acts(moe, dense=False) == "int8"
     assert [p.decode_acts for p in parts(moe)] == ["int8", "int8", "int16", "int16"]
