@@ -2,9 +2,8 @@
 kt_decode_stack_f32): for each layer its DecodePlan's kt_decode_layer_f32, then its
 MoEDecodePlan's kt_decode_moe_f32 when it has one, the same calls as the per-layer path.
 
-Driving the layers one by one from Python cost ~0.2 ms a layer and step in checks,
-casts and allocations on a 2-core machine (cache misses on interpreter data the streamed
-weights had evicted). A stack is built when every layer has a plan whose MLP is native
+Driving the layers one by one from Python cost ~45 us a layer and step in checks, casts
+and allocations on a 2-core machine (SmolLM2, 30 layers: 13.8 -> 12.4 ms a token). A stack is built when every layer has a plan whose MLP is native
 (dense, or a MoE block kt_decode_moe covers); applies() is asked every step, since expert
 placement can send a block back to the modules, and the per-layer path runs then."""
 

@@ -2,9 +2,9 @@
  * (kt.h kt_decode_stack_f32).
  *
  * Calling kt_decode_layer_f32 and kt_decode_moe_f32 once per layer from Python cost
- * ~0.2 ms a layer in checks, casts and allocations on a 2-core machine, most of it
- * cache misses on interpreter data the streamed weights had evicted; this loop
- * makes the same calls, in the same order, with no Python between them. */
+ * ~45 us a layer in checks, casts and allocations on a 2-core machine (SmolLM2, 30
+ * layers: 13.8 -> 12.4 ms a token); this loop makes the same calls, in the same
+ * order, with no Python between them. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <time.h>
