@@ -4,8 +4,7 @@ the chat prompt built from the GGUF's template.
 
 Bounds: llama.cpp multiplies Q4_1 weights by 8-bit-quantized activations; transformers in
 float32 on the dequantized weights scores 7.1804 against llama.cpp's 7.2081 (0.4% apart),
-so an engine computing close to either lands within 1% (kt: 7.2174 with int8 prefill
-activations on the avx2 build, 7.1804 with float32 ones). Greedy top-1: >= 95% of steps."""
+so an engine computing close to either lands within 1%. Greedy top-1: >= 95% of steps."""
 
 import json
 import math

@@ -1,7 +1,6 @@
 """Which activations dense layers give quantized weights (kt_cli.layers.linear decode_acts,
 dense_acts): in decode int8 against 4-bit codes, int16 against 8-bit ones; from
-GEMM_MIN_TOKENS tokens float32, or int8 for 4-bit codes on builds where that is faster;
-checked on the output against fp64 references of each choice.
+GEMM_MIN_TOKENS tokens float32; checked on the output against fp64 references of each choice.
 A decode plan gives its whole layer one kind (int16 if any projection takes it), and
 the modules follow it."""
 
@@ -11,8 +10,7 @@ import pytest
 import torch
 
 from kt_cli.layers.decode_plan import _layer_acts
-from kt_cli import ops
-from kt_cli.layers.linear import GEMM_MIN_TOKENS, INT8_PREFILL_VARIANTS, Linear, Target, dense_acts
+from kt_cli.layers.linear import GEMM_MIN_TOKENS, Linear, Target, dense_acts
 from kt_weights.layout import Format, QMatrix, quantize_reference
 
 CPU = Target(torch.device("cpu"), torch.float32)
@@ -55,14 +53,11 @@ def test_decode_activations_follow_the_weights(fmt, acts, levels, m):
 
 
 @pytest.mark.parametrize("fmt", [Format.I4, Format.I8], ids=lambda f: f.name)
-def test_prefill_takes_int8_or_float32(fmt):
-    """From GEMM_MIN_TOKENS tokens: I4 weights keep int8 on builds whose int8 kernel beats the
-    float32 GEMM (INT8_PREFILL_VARIANTS), everything else takes float32."""
+def test_prefill_takes_float32(fmt):
     linear, w = layer_of(fmt)
     x = torch.randn(GEMM_MIN_TOKENS + 3, w.shape[1], generator=torch.Generator().manual_seed(5))
-    int8 = fmt == Format.I4 and ops.pool().kernels.variant in INT8_PREFILL_VARIANTS
-    assert dense_acts(x.shape[0], linear.decode_acts) == ("int8" if int8 else "f32")
-    assert rel_err(linear(x), acts_reference(x, 127) if int8 else x, w) < 1e-6
+    assert dense_acts(x.shape[0], linear.decode_acts) == "f32"
+    assert rel_err(linear(x), x, w) < 1e-6
 
 
 @pytest.mark.parametrize("m", [1, GEMM_MIN_TOKENS + 3])
