@@ -105,10 +105,16 @@ def read_gbps() -> float:
 def run_peer(python: str, args: argparse.Namespace) -> dict[str, dict]:
     command = [python, str(PEER), args.model, "--pp", *map(str, args.pp), "--tg", *map(str, args.tg),
                "--repeats", str(args.repeats), "--threads", str(args.threads or hardware.default_threads())]
-    done = subprocess.run(command, capture_output=True, text=True)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+    except OSError as exc:
+        raise SystemExit(f"llama.cpp peer: cannot run {python}: {exc.strerror}") from None
     if done.returncode != 0:
         raise SystemExit(f"llama.cpp peer failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
-    return {row["test"]: row for row in json.loads(done.stdout)}
+    try:
+        return {row["test"]: row for row in json.loads(done.stdout)}
+    except (ValueError, KeyError, TypeError):
+        raise SystemExit("llama.cpp peer printed no result rows") from None
 
 
 def main() -> None:
