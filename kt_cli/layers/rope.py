@@ -121,12 +121,20 @@ class RopeTables:
     sin: torch.Tensor   # [N, 1, dim]
 
 
+CACHED_POSITIONS = 8192     # positions whose tables Rotary keeps: [P, dim] cos and sin, 8 MB at dim 128
+
+
 class Rotary(torch.nn.Module):
+    """Each step looks its positions up in tables computed once for positions [0, P), P
+    growing by powers of two up to CACHED_POSITIONS (past it, tables are computed per
+    step): a decode step then costs two row gathers instead of a dozen small torch ops."""
+
     def __init__(self, spec: RopeSpec, device: torch.device):
         super().__init__()
         self.spec = spec
         inv_freq, self.scaling = inverse_frequencies(spec)
         self.inv_freq = inv_freq.to(device)
+        self._cached: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}   # dtype -> [P, dim] x 2
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [N] -> cos, sin [N, dim/2] float32."""
@@ -135,13 +143,27 @@ class Rotary(torch.nn.Module):
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
         """positions [N] -> the step's RopeTables in the compute dtype."""
+        end = int(positions.max()) + 1 if positions.numel() else 0
+        if end > CACHED_POSITIONS:
+            cos, sin = self._full_tables(positions, dtype)
+            return RopeTables(cos[:, None, :], sin[:, None, :])
+        cos, sin = self._cached_tables(end, dtype)
+        rows = positions.to(cos.device)
+        return RopeTables(cos.index_select(0, rows)[:, None, :], sin.index_select(0, rows)[:, None, :])
+
+    def _cached_tables(self, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        cached = self._cached.get(dtype)
+        if cached is None or cached[0].shape[0] < end:
+            size = min(CACHED_POSITIONS, max(256, 1 << max(end - 1, 0).bit_length()))
+            cached = self._cached[dtype] = self._full_tables(torch.arange(size), dtype)
+        return cached
+
+    def _full_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [N] -> cos, signed sin [N, dim] in dtype, in the layout apply() takes."""
         cos, sin = (t.to(dtype) for t in self.cos_sin(positions))
         if self.spec.interleaved:
-            full_cos = cos.repeat_interleave(2, dim=-1)
-            signed_sin = torch.stack((-sin, sin), dim=-1).flatten(-2)
-        else:
-            full_cos, signed_sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
-        return RopeTables(full_cos[:, None, :], signed_sin[:, None, :])
+            return cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
+        return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
     def apply_(self, x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
         """apply(), in place where the native kernel takes x (float32 on the CPU, each row's

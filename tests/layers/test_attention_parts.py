@@ -1,6 +1,6 @@
 """The decode-path pieces of attention against plain references: the one-query
 attention (two batched matmuls) against float64 softmax attention, rope's
-x * cos + partner(x) * sin against the textbook rotation, and the fused RMSNorm
+x * cos + partner(x) * sin (from the cached tables or past them) against the textbook rotation, and the fused RMSNorm
 against the textbook formula."""
 
 import math
@@ -11,7 +11,7 @@ import torch
 from kt_cli.layers.attention import attend
 from kt_cli.errors import ModelError
 from kt_cli.layers.norm import NATIVE_MAX_ROWS, RMSNorm, stack_heads
-from kt_cli.layers.rope import RopeSpec, Rotary
+from kt_cli.layers.rope import CACHED_POSITIONS, RopeSpec, Rotary
 
 
 def reference_attention(q, k, v, scale):
@@ -50,11 +50,14 @@ def textbook_rope(x, cos, sin, interleaved):
 
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_is_the_textbook_rotation_bit_for_bit(interleaved, dtype):
+@pytest.mark.parametrize("positions", [[0, 3, 77, 200], [5000, 2, CACHED_POSITIONS - 1],
+                                       [7, CACHED_POSITIONS, 40000]])    # cached tables, grown, past the cache
+def test_rope_is_the_textbook_rotation_bit_for_bit(interleaved, dtype, positions):
     spec = RopeSpec(dim=16, kind="yarn", factor=4.0, original_max_positions=64, interleaved=interleaved)
     rotary = Rotary(spec, torch.device("cpu"))
-    positions = torch.tensor([0, 3, 77, 200])
-    x = torch.randn(4, 5, 24)[..., 4:20].to(dtype)           # a strided view, like q from a fused projection
+    rotary.tables(torch.tensor([1]), dtype)                   # the smallest cache first, so the second call grows it
+    positions = torch.tensor(positions)
+    x = torch.randn(len(positions), 5, 24)[..., 4:20].to(dtype)    # a strided view, like q from a fused projection
     cos, sin = rotary.cos_sin(positions)
     got = rotary.apply(x, rotary.tables(positions, dtype))
     assert got.dtype == dtype
