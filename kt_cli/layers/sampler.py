@@ -30,6 +30,8 @@ class Sampler:
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[SamplingState]) -> list[int]:
         logits = apply_penalties(logits.float().cpu(), rows)   # [B, V]
+        if all(row.params.greedy for row in rows):
+            return logits.argmax(dim=-1).tolist()
         chosen = [0] * len(rows)
         greedy = [i for i, row in enumerate(rows) if row.params.greedy]
         random = [i for i, row in enumerate(rows) if not row.params.greedy]
