@@ -91,6 +91,23 @@ class QMatrix:
         tensors = (self.data, self.scale, self.min)
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """dequantize()[rows] for rows [n] int64, [n, cols] float32, reading only those rows
+        (of a matrix in the row layout; a kernel layout is dequantized whole first)."""
+        if self.in_memory_layout:
+            return self.dequantize().index_select(0, rows)
+        if not self.format.quantized:
+            return self.data.index_select(0, rows).float()
+        n, groups = int(rows.numel()), self.n_groups
+        data = self.data.index_select(0, rows)
+        q = (unpack_i4(data, self.cols) if self.format == Format.I4 else data.float()).view(n, groups, self.group)
+        scale = self.scale.index_select(0, rows)[:, :, None]
+        if self.min is not None:
+            out = q * scale + self.min.index_select(0, rows)[:, :, None]
+        else:
+            out = (q - 8.0) * scale if self.format == Format.I4 else q * scale
+        return out.view(n, self.cols)
+
     def dequantize(self) -> torch.Tensor:
         if not self.format.quantized:
             return self.data.float()

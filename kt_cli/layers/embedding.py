@@ -5,13 +5,6 @@ from kt_weights.layout import QMatrix
 from .linear import Target
 
 
-def gather_rows(m: QMatrix, rows: torch.Tensor) -> QMatrix:
-    """The QMatrix made of rows `rows` of m, in m's format."""
-    def pick(t):
-        return None if t is None else t.index_select(0, rows).contiguous()
-    return QMatrix(m.format, int(rows.numel()), m.cols, pick(m.data), m.group, pick(m.scale), pick(m.min))
-
-
 class Embedding(torch.nn.Module):
     """Token embeddings. On the CPU the table stays in its stored format and only the
     looked-up rows are dequantized; on a GPU it is dequantized once."""
@@ -28,4 +21,4 @@ class Embedding(torch.nn.Module):
             return self.dense[ids.to(self.dense.device)]
         if ids.numel() == 0:
             return torch.empty(0, self.table.cols, dtype=self.target.dtype)
-        return gather_rows(self.table, ids.cpu()).dequantize().to(self.target.dtype)
+        return self.table.dequantize_rows(ids.cpu()).to(self.target.dtype)
