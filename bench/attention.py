@@ -12,6 +12,7 @@ import argparse
 import statistics
 import time
 
+import kt_cli  # noqa: F401  before torch: it sets GOMP_SPINCOUNT, which libgomp reads as torch loads
 import torch
 import torch.nn.functional as F
 

@@ -21,6 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import kt_cli  # noqa: F401  before torch: it sets GOMP_SPINCOUNT, which libgomp reads as torch loads
 import torch
 
 from kt_cli import LLM, SamplingParams, hardware, ops, store

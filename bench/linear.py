@@ -26,6 +26,7 @@ import dataclasses
 import importlib.util
 import time
 
+import kt_cli  # noqa: F401  before torch: it sets GOMP_SPINCOUNT, which libgomp reads as torch loads
 import torch
 
 from kt_cli import hardware, kernels

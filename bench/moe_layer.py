@@ -31,6 +31,7 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 
+import kt_cli  # noqa: F401  before torch: it sets GOMP_SPINCOUNT, which libgomp reads as torch loads
 import torch
 
 from kt_cli import hardware, kernels
