@@ -98,15 +98,8 @@ class QMatrix:
             return self.dequantize().index_select(0, rows)
         if not self.format.quantized:
             return self.data.index_select(0, rows).float()
-        n, groups = int(rows.numel()), self.n_groups
-        data = self.data.index_select(0, rows)
-        q = (unpack_i4(data, self.cols) if self.format == Format.I4 else data.float()).view(n, groups, self.group)
-        scale = self.scale.index_select(0, rows)[:, :, None]
-        if self.min is not None:
-            out = q * scale + self.min.index_select(0, rows)[:, :, None]
-        else:
-            out = (q - 8.0) * scale if self.format == Format.I4 else q * scale
-        return out.view(n, self.cols)
+        pick = (lambda t: None if t is None else t.index_select(0, rows))
+        return self._dequantize_codes(pick(self.data), pick(self.scale), pick(self.min))
 
     def dequantize(self) -> torch.Tensor:
         if not self.format.quantized:
@@ -115,11 +108,16 @@ class QMatrix:
             return untile_rows(self).dequantize()
         if self.row8:
             return from_row8(self).dequantize()
-        q = unpack_i4(self.data, self.cols) if self.format == Format.I4 else self.data.float()
-        scale = self.scale.repeat_interleave(self.group, dim=1)
-        if self.min is not None:
-            return q * scale + self.min.repeat_interleave(self.group, dim=1)
-        return (q - 8.0) * scale if self.format == Format.I4 else q * scale
+        return self._dequantize_codes(self.data, self.scale, self.min)
+
+    def _dequantize_codes(self, data: torch.Tensor, scale: torch.Tensor, mins: torch.Tensor | None) -> torch.Tensor:
+        """Row-layout codes [n, ...] with their scale (and min) [n, n_groups] -> [n, cols] float32"""
+        n = data.shape[0]
+        q = (unpack_i4(data, self.cols) if self.format == Format.I4 else data.float()).view(n, self.n_groups, -1)
+        s = scale[:, :, None]
+        if mins is not None:
+            return (q * s + mins[:, :, None]).view(n, self.cols)
+        return ((q - 8.0) * s if self.format == Format.I4 else q * s).view(n, self.cols)
 
 
 def _validate_quantized(m: QMatrix) -> None:
