@@ -8,9 +8,11 @@ Peers, in the same run:
   read bandwidth this run measures (the kt doctor probe, before and after) over the stored
   host's; prefill is bound by compute, and its stored figure is shown as it is.
 - --llama-cpp PYTHON: llama.cpp itself, through bench/llamacpp_peer.py run by an interpreter
-  that has llama-cpp-python, on the same file and threads, after kt's runs.
+  that has llama-cpp-python, on the same file and threads. With --rounds R, kt's tests and
+  llama.cpp's alternate R times, so a slow spell of a shared machine falls on both: each
+  figure is the median over rounds, and the ratio the median of the rounds' own ratios.
 
-    python bench/e2e.py [MODEL] [--pp 128 512] [--tg 64] [--repeats 3] [--threads 2]
+    python bench/e2e.py [MODEL] [--pp 128 512] [--tg 64] [--repeats 3] [--rounds 1] [--threads 2]
                         [--llama-cpp OTHER_PYTHON] [--json]
 """
 
@@ -38,6 +40,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--pp", type=int, nargs="*", default=[128, 512])
     parser.add_argument("--tg", type=int, nargs="*", default=[64])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1, help="alternations of kt's runs and llama.cpp's")
     parser.add_argument("--threads", type=int, default=None, help="kt kernel threads")
     parser.add_argument("--torch-threads", type=int, default=None)
     parser.add_argument("--llama-cpp", metavar="PYTHON", help="an interpreter with llama-cpp-python: run it too")
@@ -120,29 +123,28 @@ def run_peer(python: str, args: argparse.Namespace) -> dict[str, dict]:
 
 def main() -> None:
     args = parse_args()
+    if args.rounds < 1 or args.repeats < 1:
+        raise SystemExit("--rounds and --repeats must be at least 1")
     longest = max([*args.pp, *args.tg, 16]) + 2
     llm = LLM(args.model, threads=args.threads, torch_threads=args.torch_threads, ctx=longest,
               max_batch=1, max_step_tokens=longest, prefix_caching=False)
     probes = [read_gbps()]
-    results = [measure(llm, "pp", n, args.repeats) for n in args.pp]
-    results += [measure(llm, "tg", n, args.repeats) for n in args.tg]
+    kt_rounds, peer_rounds = [], []
+    for _ in range(args.rounds):
+        kt_rounds.append([measure(llm, "pp", n, args.repeats) for n in args.pp]
+                         + [measure(llm, "tg", n, args.repeats) for n in args.tg])
+        if args.llama_cpp:
+            peer_rounds.append(run_peer(args.llama_cpp, args))
     probes.append(read_gbps())
-    gbps = statistics.mean(probes)
-    peer = run_peer(args.llama_cpp, args) if args.llama_cpp else {}
-    reference = llamacpp_figures(args.model)
-    for row in results:
-        row["llamacpp"] = reference.get(row["test"]) or reference.get(row["test"][:2])
-        if row["llamacpp"] and row["test"].startswith("tg"):
-            row["llamacpp_scaled"] = row["llamacpp"]["tokens_per_s"] * gbps / REFERENCE_GBPS
-        if row["test"] in peer:
-            row["peer"] = peer[row["test"]]
+    results = combine(kt_rounds, peer_rounds)
+    add_references(results, args.model, statistics.mean(probes))
     if args.json:
         print(json.dumps({"model": args.model, "kt_threads": hardware.default_threads(),
-                          "torch_threads": torch.get_num_threads(), "read_gbps": probes,
+                          "torch_threads": torch.get_num_threads(), "read_gbps": probes, "rounds": args.rounds,
                           "results": results}, indent=1))
         return
     print(f"read bandwidth (kt doctor probe) before / after: {probes[0]:.1f} / {probes[1]:.1f} GB/s; "
-          f"stored llama.cpp host: {REFERENCE_GBPS} GB/s")
+          f"stored llama.cpp host: {REFERENCE_GBPS} GB/s; {args.rounds} round(s)")
     print(f"{'test':>8} {'kt tok/s':>10} {'+/-':>7}   {'llama.cpp here':>16}   {'stored (n)':>16}"
           f"   {'stored x bw':>12}")
     for row in results:
@@ -150,9 +152,33 @@ def main() -> None:
               f"   {_reference_text(row['llamacpp']):>16}   {_scaled_text(row):>12}")
 
 
+def combine(kt_rounds: list[list[dict]], peer_rounds: list[dict[str, dict]]) -> list[dict]:
+    """One row per test: medians over rounds (the stddev of a single round is within it, of
+    several across their means), and with a peer the median of each round's kt / peer ratio."""
+    results = []
+    for i, first in enumerate(kt_rounds[0]):
+        rates = [r[i]["tokens_per_s"] for r in kt_rounds]
+        row = {"test": first["test"], "tokens_per_s": statistics.median(rates),
+               "stddev": statistics.stdev(rates) if len(rates) > 1 else first["stddev"]}
+        peers = [p[row["test"]] for p in peer_rounds if row["test"] in p]
+        if len(peers) == len(kt_rounds):
+            row["peer"] = {**peers[0], "tokens_per_s": statistics.median(p["tokens_per_s"] for p in peers)}
+            row["peer_ratio"] = statistics.median(k / p["tokens_per_s"] for k, p in zip(rates, peers))
+        results.append(row)
+    return results
+
+
+def add_references(results: list[dict], model: str, gbps: float) -> None:
+    reference = llamacpp_figures(model)
+    for row in results:
+        row["llamacpp"] = reference.get(row["test"]) or reference.get(row["test"][:2])
+        if row["llamacpp"] and row["test"].startswith("tg"):
+            row["llamacpp_scaled"] = row["llamacpp"]["tokens_per_s"] * gbps / REFERENCE_GBPS
+
+
 def _peer_text(row: dict) -> str:
     peer = row.get("peer")
-    return f"{peer['tokens_per_s']:.2f} ({row['tokens_per_s'] / peer['tokens_per_s']:.2f}x)" if peer else "-"
+    return f"{peer['tokens_per_s']:.2f} ({row['peer_ratio']:.2f}x)" if peer else "-"
 
 
 def _reference_text(ref: dict | None) -> str:
