@@ -97,7 +97,8 @@ def llamacpp_figures(model: str) -> dict[str, dict]:
     if not REFERENCE.is_file():
         return {}
     rows = json.loads(REFERENCE.read_text())["rows"]
-    return {(f"pp{r['n_prompt']}" if r["n_prompt"] else "tg"): {"tokens_per_s": r["avg_ts"], "n": r["n_gen"] or r["n_prompt"]}
+    return {(f"pp{r['n_prompt']}" if r["n_prompt"] else "tg"):
+            {"tokens_per_s": r["avg_ts"], "n": r["n_gen"] or r["n_prompt"]}
             for r in rows if r["model"] == reference_name(model)}
 
 

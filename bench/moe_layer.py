@@ -206,7 +206,8 @@ def measure(shape_name: str, shape: Shape, name: str, moe: MoEExperts, T: int, a
 
 # ---- report -------------------------------------------------------------------------------
 
-HEADER = f"{'shape':<14} {'fmt':<13} {'T':>5} {'kt ms':>9} {'GB/s':>7} {'%bw':>5} {'GOP/s':>7} {'torch ms':>9} {'speedup':>8}"
+HEADER = (f"{'shape':<14} {'fmt':<13} {'T':>5} {'kt ms':>9} {'GB/s':>7} {'%bw':>5} {'GOP/s':>7} "
+          f"{'torch ms':>9} {'speedup':>8}")
 
 
 def format_row(r: Row, shape: Shape, bw: float) -> str:

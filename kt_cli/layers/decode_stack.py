@@ -3,9 +3,10 @@ kt_decode_stack_f32): for each layer its DecodePlan's kt_decode_layer_f32, then 
 MoEDecodePlan's kt_decode_moe_f32 when it has one, the same calls as the per-layer path.
 
 Driving the layers one by one from Python cost ~45 us a layer and step in checks, casts
-and allocations on a 2-core machine (SmolLM2, 30 layers: 13.8 -> 12.4 ms a token). A stack is built when every layer has a plan whose MLP is native
-(dense, or a MoE block kt_decode_moe covers); applies() is asked every step, since expert
-placement can send a block back to the modules, and the per-layer path runs then."""
+and allocations on a 2-core machine (SmolLM2, 30 layers: 13.8 -> 12.4 ms a token). A
+stack is built when every layer has a plan whose MLP is native (dense, or a MoE block
+kt_decode_moe covers); applies() is asked every step, since expert placement can send a
+block back to the modules, and the per-layer path runs then."""
 
 import torch
 

@@ -1,6 +1,7 @@
 """Linear layers over a stored QMatrix. On the CPU the matrix stays in its stored
-format (I8/I4 codes in the layouts the kernels stream fastest, ops.decode_layout) and runs through kt's kernels; on a GPU it is dequantized once
-into the compute dtype and runs through torch."""
+format (I8/I4 codes in the layouts the kernels stream fastest, ops.decode_layout) and
+runs through kt's kernels; on a GPU it is dequantized once into the compute dtype and runs
+through torch."""
 
 from dataclasses import dataclass
 
