@@ -44,7 +44,29 @@ KT_INLINE __m256i broadcast4(const int8_t *p)
     return _mm256_set1_epi32(v);
 }
 
-/* int32 dot of the block's 8 rows (lanes; codes lo, hi per load) with one token's activations at q */
+/* int32 dot of the block's 8 rows (lanes; codes lo, hi per load) with one token's activations at q.
+ * AVX512-VNNI: vpdpbusd adds each lane's 4 code x activation products straight into int32, in two
+ * chains (low and high nibbles) to halve the dependency chain; the sums are the same integers as the
+ * AVX2 path's, whose int16 partial sums never saturate (bound above). KT_ROW8_EMULATE_DPBUSD runs
+ * that path on AVX2 with an exact stand-in for vpdpbusd (codes <= 15), so hosts without VNNI test it. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define ROW8_DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(KT_ROW8_EMULATE_DPBUSD)
+#define ROW8_DPBUSD(acc, u, s) \
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#endif
+
+#if defined(ROW8_DPBUSD)
+KT_INLINE __m256i block_dot_8rows(const __m256i lo[4], const __m256i hi[4], const int8_t *q)
+{
+    __m256i lo_acc = _mm256_setzero_si256(), hi_acc = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        lo_acc = ROW8_DPBUSD(lo_acc, lo[j], broadcast4(q + 4 * j));
+        hi_acc = ROW8_DPBUSD(hi_acc, hi[j], broadcast4(q + 32 + 4 * j));
+    }
+    return _mm256_add_epi32(lo_acc, hi_acc);
+}
+#else
 KT_INLINE __m256i block_dot_8rows(const __m256i lo[4], const __m256i hi[4], const int8_t *q)
 {
     __m256i acc = _mm256_setzero_si256();
@@ -55,6 +77,7 @@ KT_INLINE __m256i block_dot_8rows(const __m256i lo[4], const __m256i hi[4], cons
     }
     return _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
 }
+#endif
 
 /* Rows 8G..8G+7 for tokens t0..t0+TT-1 into out (token t at out[t * ldo], 8 floats) */
 KT_INLINE void row8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
