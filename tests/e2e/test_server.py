@@ -325,7 +325,7 @@ class _raw_request:
         payload = json.dumps(body).encode()
         head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n")
-        self.sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=10)
+        self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
         self.sock.sendall(head.encode() + payload)
 
     def __enter__(self):
