@@ -15,6 +15,10 @@ static int one_case(int64_t cols, int group, int with_min, int64_t m)
     uint8_t *codes = aligned_alloc(64, (size_t)(rows * cols / 2));
     float *scale = malloc((size_t)(rows * ng) * 4), *mins = malloc((size_t)(rows * ng) * 4);
     float *x = malloc((size_t)(m * cols) * 4), *out = calloc((size_t)(m * rows), 4);
+    if (!codes || !scale || !mins || !x || !out) {
+        printf("FAIL out of memory\n");
+        return KT_ENOMEM;
+    }
     for (int64_t i = 0; i < rows * cols / 2; i++)
         codes[i] = (uint8_t)next();
     for (int64_t i = 0; i < rows * ng; i++) {
@@ -27,14 +31,19 @@ static int one_case(int64_t cols, int group, int with_min, int64_t m)
     size_t bytes = (kt_acts_scratch_bytes(&w, m, 0, KT_ACTS_INT8) + 63) / 64 * 64;
     void *scratch = aligned_alloc(64, bytes ? bytes : 64);
     kt_acts acts;
-    int rc = kt_acts_prepare(&acts, x, m, &w, 0, KT_ACTS_INT8, scratch);
+    int rc = scratch ? kt_acts_prepare(&acts, x, m, &w, 0, KT_ACTS_INT8, scratch) : KT_ENOMEM;
     if (rc == KT_OK) {
         kt_matrix_rows_f32(out, rows, &w, 0, rows, &acts);
         printf("case cols=%lld group=%d min=%d m=%lld\n", (long long)cols, group, with_min, (long long)m);
         for (int64_t i = 0; i < m * rows; i++)
             printf("%a\n", out[i]);
     }
-    free(codes), free(scale), free(mins), free(x), free(out), free(scratch);
+    free(codes);
+    free(scale);
+    free(mins);
+    free(x);
+    free(out);
+    free(scratch);
     return rc;
 }
 
