@@ -15,7 +15,9 @@ KT_LAYOUT_TILES): the same bytes with every 4 rows interleaved in 64-byte chunks
 so the CPU kernels stream a row tile as one run (`tile_rows`, `untile_rows`).
 An I4 matrix may instead be `row8` (kt.h, KT_LAYOUT_ROW8): every 8 rows' 32-column
 blocks interleaved 4 bytes at a time, and their scales (and mins) per group, so one
-load holds the same columns of 8 rows (`to_row8`, `from_row8`).
+load holds the same columns of 8 rows (`to_row8`, `from_row8`). Its scale and min are
+float16 instead when every value of both is exactly a half (GGUF's Q4_0 and Q4_1 store
+theirs so): decode then streams 10-17% fewer bytes for the same weights.
 """
 
 from dataclasses import dataclass
@@ -128,9 +130,10 @@ def _validate_quantized(m: QMatrix) -> None:
         _expect(m.data, torch.uint8, (m.rows, m.cols // 2), "data")
     else:
         _expect(m.data, torch.int8, (m.rows, m.cols), "data")
-    _expect(m.scale, torch.float32, (m.rows, m.n_groups), "scale")
+    scale_dtype = m.scale.dtype if m.row8 and m.scale is not None and m.scale.dtype == torch.float16 else torch.float32
+    _expect(m.scale, scale_dtype, (m.rows, m.n_groups), "scale")
     if m.min is not None:
-        _expect(m.min, torch.float32, (m.rows, m.n_groups), "min")
+        _expect(m.min, scale_dtype, (m.rows, m.n_groups), "min")
 
 
 def _expect(t: torch.Tensor | None, dtype: torch.dtype, shape: tuple[int, int], what: str) -> None:
@@ -183,7 +186,8 @@ def to_row8(m: QMatrix) -> QMatrix:
     _check(can_row8(m), f"a {m.format.name} {m.rows}x{m.cols} matrix cannot be row8")
     words = _words(m.data).reshape(m.rows // ROW8_ROWS, ROW8_ROWS, m.cols // 8)    # [G, r, (b, j)]
     data = words.transpose(1, 2).contiguous().view(torch.uint8).reshape(m.rows, m.cols // 2)
-    return QMatrix(m.format, m.rows, m.cols, data, m.group, _groups_by_8(m.scale), _groups_by_8(m.min), row8=True)
+    scale, mins = _halves_if_exact(_groups_by_8(m.scale), _groups_by_8(m.min))
+    return QMatrix(m.format, m.rows, m.cols, data, m.group, scale, mins, row8=True)
 
 
 def from_row8(m: QMatrix) -> QMatrix:
@@ -191,7 +195,18 @@ def from_row8(m: QMatrix) -> QMatrix:
     _check(m.row8, "the matrix is not row8")
     words = _words(m.data).reshape(m.rows // ROW8_ROWS, m.cols // 8, ROW8_ROWS)    # [G, (b, j), r]
     data = words.transpose(1, 2).contiguous().view(torch.uint8).reshape(m.rows, m.cols // 2)
-    return QMatrix(m.format, m.rows, m.cols, data, m.group, _rows_by_8(m.scale), _rows_by_8(m.min))
+    return QMatrix(m.format, m.rows, m.cols, data, m.group, _rows_by_8(_float32(m.scale)), _rows_by_8(_float32(m.min)))
+
+
+def _halves_if_exact(scale: torch.Tensor, mins: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """scale and min as float16 when every value of both converts back unchanged, else as they are"""
+    halves = [None if t is None else t.half() for t in (scale, mins)]
+    exact = all(h is None or torch.equal(h.float(), t) for h, t in zip(halves, (scale, mins)))
+    return (halves[0], halves[1]) if exact else (scale, mins)
+
+
+def _float32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float()
 
 
 def _words(codes: torch.Tensor) -> torch.Tensor:

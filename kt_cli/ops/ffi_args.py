@@ -108,6 +108,7 @@ def _new_descriptor(ffi, w: QMatrix, what: str):
     desc.scale = pointer(ffi, w.scale, "const float *") if w.scale is not None else ffi.NULL
     desc.min = pointer(ffi, w.min, "const float *") if w.min is not None else ffi.NULL
     desc.layout = 2 if w.row8 else 1 if w.tiled else 0     # kt.h KT_LAYOUT_ROW8 / TILES / ROWS
+    desc.scale_type = 1 if w.scale is not None and w.scale.dtype == torch.float16 else 0     # kt.h KT_SCALE_F16
     return desc
 
 

@@ -20,6 +20,32 @@
 #define cpu_relax() ((void)0)
 #endif
 
+/* ---- half floats (F16 weights, KT_SCALE_F16 scales) ------------------------------------ */
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+#include <string.h>
+
+static inline float kt_f16_to_f32(uint16_t h)
+{
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    /* IEEE half: 1 sign, 5 exponent (bias 15), 10 mantissa bits */
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, u;
+    float f;
+    if (exp == 0) {
+        f = (float)mant * (1.0f / 16777216.0f);     /* subnormal: mant * 2^-24 */
+        return sign ? -f : f;
+    }
+    u = exp == 31 ? sign | 0x7F800000u | (mant << 13) : sign | ((exp + 112u) << 23) | (mant << 13);
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
 /* ---- thread pool jobs ----------------------------------------------------------
  * kt_pool_run calls fn(ctx, task, thread) once for every task in [0, n_tasks),
  * tasks handed out dynamically (atomic counter) across the pool's threads, the

@@ -47,6 +47,8 @@ int kt_matrix_check(const kt_matrix *w)
         return KT_EINVAL;
     if (w->layout != KT_LAYOUT_ROWS && w->layout != KT_LAYOUT_TILES && w->layout != KT_LAYOUT_ROW8)
         return KT_EINVAL;
+    if (w->scale_type != KT_SCALE_F32 && !(w->scale_type == KT_SCALE_F16 && w->layout == KT_LAYOUT_ROW8))
+        return KT_EINVAL;
     if (!quantized(w->format))
         return w->layout == KT_LAYOUT_ROWS ? KT_OK : KT_EINVAL;
     int32_t block = w->format == KT_I4 ? 32 : 16;

@@ -9,6 +9,12 @@ enum { COPY_ROWS = 24 };    /* rows a fallback copy holds: whole 8-row groups, a
 
 static int64_t n_groups(const kt_matrix *w) { return w->cols / w->group; }
 
+/* Entry i of w's scale or min (t), float32 or half (kt.h KT_SCALE_F16) */
+static float scale_at(const kt_matrix *w, const float *t, int64_t i)
+{
+    return w->scale_type == KT_SCALE_F16 ? kt_f16_to_f32(((const uint16_t *)t)[i]) : t[i];
+}
+
 /* Rows [r0, r0 + n) of w (r0, n multiples of 8) into the row layout: codes
  * [n, cols / 2], scale and (when w has one) min [n, n_groups]. */
 static void copy_rows(uint8_t *codes, float *scale, float *min, const kt_matrix *w, int64_t r0, int64_t n)
@@ -22,9 +28,9 @@ static void copy_rows(uint8_t *codes, float *scale, float *min, const kt_matrix 
                 memcpy(dst + b * 16 + j * 4, group + b * 128 + j * 32 + (r % KT_ROW8_ROWS) * 4, 4);
         const int64_t at = (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * ng + r % KT_ROW8_ROWS;
         for (int64_t g = 0; g < ng; g++) {
-            scale[(r - r0) * ng + g] = w->scale[at + g * KT_ROW8_ROWS];
+            scale[(r - r0) * ng + g] = scale_at(w, w->scale, at + g * KT_ROW8_ROWS);
             if (min)
-                min[(r - r0) * ng + g] = w->min[at + g * KT_ROW8_ROWS];
+                min[(r - r0) * ng + g] = scale_at(w, w->min, at + g * KT_ROW8_ROWS);
         }
     }
 }
@@ -37,7 +43,8 @@ static float weight_at(const kt_matrix *w, int64_t r, int64_t k)
     uint8_t byte = group[b * 128 + j * 32 + (r % KT_ROW8_ROWS) * 4 + k % 4];
     int code = (k % 32) < 16 ? (byte & 0x0F) : (byte >> 4);
     const int64_t at = (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * ng + (k / w->group) * KT_ROW8_ROWS + r % KT_ROW8_ROWS;
-    return w->min ? w->scale[at] * (float)code + w->min[at] : w->scale[at] * (float)(code - 8);
+    const float s = scale_at(w, w->scale, at);
+    return w->min ? s * (float)code + scale_at(w, w->min, at) : s * (float)(code - 8);
 }
 
 /* No scratch for a copy (allocation failed): exact float products from x. */

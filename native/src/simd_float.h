@@ -30,32 +30,13 @@ KT_INLINE float bf16_to_f32(uint16_t h)
     return f;
 }
 
-KT_INLINE float f16_to_f32(uint16_t h)
-{
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    /* IEEE half: 1 sign, 5 exponent (bias 15), 10 mantissa bits */
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, u;
-    float f;
-    if (exp == 0) {
-        f = (float)mant * (1.0f / 16777216.0f);     /* subnormal: mant * 2^-24 */
-        return sign ? -f : f;
-    }
-    u = exp == 31 ? sign | 0x7F800000u | (mant << 13) : sign | ((exp + 112u) << 23) | (mant << 13);
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-
 KT_INLINE float weight_f(const void *row, int64_t k, int32_t fmt)
 {
     if (fmt == KT_F32)
         return ((const float *)row)[k];
     if (fmt == KT_BF16)
         return bf16_to_f32(((const uint16_t *)row)[k]);
-    return f16_to_f32(((const uint16_t *)row)[k]);
+    return kt_f16_to_f32(((const uint16_t *)row)[k]);
 }
 
 /* ---- vector loads ----------------------------------------------------------------- */

@@ -22,7 +22,7 @@
 #include <string.h>
 #include "kt_internal.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define KT_ROW8_KERNEL 1
 
@@ -128,13 +128,22 @@ KT_INLINE void block_dots(__m256i dot[4], const __m256i low4, const uint8_t *blo
         dot[t] = block_dot_8rows(lo, hi, qb + t * cols);
 }
 
+/* The 8 rows' scales (or mins) of a group at p: halves (kt.h KT_SCALE_F16) or floats */
+KT_INLINE __m256 load_scales8(const char *p, int half)
+{
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)) : _mm256_loadu_ps((const float *)p);
+}
+
 /* Rows 8G..8G+7 for tokens t0..t0+TT-1 into out (token t at out[t * ldo], 8 floats) */
 KT_INLINE void row8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
                           int64_t t0, const int TT)
 {
     const int64_t cols = w->cols, nb = cols / 32, ng = cols / w->group, per_group = w->group / 32;
     const uint8_t *codes = (const uint8_t *)w->data + G * 8 * (cols / 2);
-    const float *scale = w->scale + G * 8 * ng, *min = w->min ? w->min + G * 8 * ng : NULL;
+    const int half = w->scale_type == KT_SCALE_F16;
+    const size_t scale_bytes = half ? 2 : 4;
+    const char *scale = (const char *)w->scale + (size_t)(G * 8 * ng) * scale_bytes;
+    const char *min = w->min ? (const char *)w->min + (size_t)(G * 8 * ng) * scale_bytes : NULL;
     const int8_t *q = a->q + t0 * cols;
     const float *sa = a->q_scale + t0 * nb, *gsum = a->q_group_sum + t0 * ng;
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -142,7 +151,7 @@ KT_INLINE void row8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G
     for (int t = 0; t < TT; t++)
         acc[t] = _mm256_setzero_ps();
     for (int64_t g = 0, b = 0; g < ng; g++) {
-        const __m256 ws = _mm256_loadu_ps(scale + g * 8);
+        const __m256 ws = load_scales8(scale + g * 8 * scale_bytes, half);
         for (int64_t end = b + per_group; b < end; b++) {
             const uint8_t *block = codes + b * ROW8_BLOCK_BYTES;
             __builtin_prefetch(block + ROW8_AHEAD);
@@ -154,7 +163,8 @@ KT_INLINE void row8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale_tb, acc[t]);
             }
         }
-        const __m256 zero_point = min ? _mm256_loadu_ps(min + g * 8) : _mm256_mul_ps(ws, _mm256_set1_ps(-8.0f));
+        const __m256 zero_point = min ? load_scales8(min + g * 8 * scale_bytes, half)
+                                      : _mm256_mul_ps(ws, _mm256_set1_ps(-8.0f));
         for (int t = 0; t < TT; t++)
             acc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(gsum[t * ng + g]), acc[t]);
     }

@@ -5,7 +5,8 @@ reasons: test_linear.py): int8 activations run the 8-row kernel where the build
 has it (kt_row8_kernel), and int16 ones too, split into pairs of int8 rows with
 KT_SPLIT_MAX levels instead of 32767 (the bound then fails against 32767 levels:
 9e-6 > 1e-6); float activations and builds without the kernel read a copy in the
-row layout. The MoE
+row layout. Scales and mins that are all exact halves (GGUF's) move to float16
+(kt.h KT_SCALE_F16), and every kernel path runs on those too. The MoE
 operator puts I4 experts in ROW8 by default where the kernel exists: test_moe.py."""
 
 import numpy as np
@@ -24,6 +25,17 @@ ROW8_CASES = [  # rows, cols, group: one or many 8-row groups, one or many block
 ]
 SPLIT_MAX = 32639   # kt_internal.h KT_SPLIT_MAX: int16 activations of a ROW8 matrix, as int8 pairs
 TOKENS = [1, 2, 3, 5, 8, 9, 16, 37]     # token tiles of 1-8, several tiles, the exact path's GEMM
+
+
+def _with_half_scales(w: QMatrix) -> QMatrix:
+    """w with its scale (and min) rounded to float16 values, held as float32, as GGUF's are"""
+    rounded = [None if t is None else t.half().float() for t in (w.scale, w.min)]
+    return QMatrix(w.format, w.rows, w.cols, w.data, w.group, *rounded)
+
+
+def _quantized(rows: int, cols: int, group: int, symmetric: bool, seed: int, scales: str) -> QMatrix:
+    w = quantize_reference(_randn(rows, cols, seed=seed), Format.I4, group, symmetric)
+    return _with_half_scales(w) if scales == "f16" else w
 
 
 def _row8_reference(w: QMatrix) -> tuple[np.ndarray, np.ndarray]:
@@ -55,12 +67,33 @@ def test_to_row8_follows_the_formulas_and_round_trips(rows, cols, group):
     assert torch.equal(r8.dequantize(), w.dequantize())
 
 
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_to_row8_moves_exact_half_scales_to_float16_only(symmetric):
+    w = quantize_reference(_randn(16, 128, seed=9), Format.I4, 32, symmetric)
+    assert to_row8(w).scale.dtype == torch.float32         # kt's own float32 scales stay as they are
+    half = _with_half_scales(w)
+    r8 = to_row8(half)
+    codes, scales = _row8_reference(half)
+    assert r8.scale.dtype == torch.float16 and (symmetric or r8.min.dtype == torch.float16)
+    assert np.array_equal(r8.scale.float().numpy(), scales)
+    back = from_row8(r8)
+    assert back.scale.dtype == torch.float32 and torch.equal(back.scale, half.scale)
+    assert torch.equal(r8.dequantize(), half.dequantize())
+    if not symmetric:       # one min that is not a half keeps both in float32: C takes one type for both
+        mins = half.min.clone()
+        mins[3, 1] += 1e-6
+        mixed = QMatrix(w.format, w.rows, w.cols, w.data, w.group, half.scale, mins)
+        assert to_row8(mixed).scale.dtype == torch.float32
+
+
 @pytest.mark.parametrize("m", TOKENS)
+@pytest.mark.parametrize("scales", ["f32", "f16"])
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 @pytest.mark.parametrize("rows, cols, group", ROW8_CASES)
-def test_linear_on_row8_weights(ops, rows, cols, group, symmetric, m):
-    w = quantize_reference(_randn(rows, cols, seed=rows * cols + m), Format.I4, group, symmetric)
+def test_linear_on_row8_weights(ops, rows, cols, group, symmetric, scales, m):
+    w = _quantized(rows, cols, group, symmetric, rows * cols + m, scales)
     r8 = to_row8(w)
+    assert r8.scale.dtype == (torch.float16 if scales == "f16" else torch.float32)
     x = _randn(m, cols, seed=m + cols)
     assert rel_err(ops.linear(x, r8), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
     assert rel_err(ops.linear(x, r8, acts="f32"), x, w.dequantize()) < QUANT_EXACT_BOUND
@@ -68,9 +101,10 @@ def test_linear_on_row8_weights(ops, rows, cols, group, symmetric, m):
 
 
 @pytest.mark.parametrize("m", [64, 65, 130])      # kt's 8-row kernel walks tokens in chunks of 64
+@pytest.mark.parametrize("scales", ["f32", "f16"])
 @pytest.mark.parametrize("rows, cols, group", [ROW8_CASES[1], ROW8_CASES[3], ROW8_CASES[5]])
-def test_linear_on_row8_weights_past_a_token_chunk(ops, rows, cols, group, m):
-    w = quantize_reference(_randn(rows, cols, seed=rows + m), Format.I4, group, symmetric=False)
+def test_linear_on_row8_weights_past_a_token_chunk(ops, rows, cols, group, scales, m):
+    w = _quantized(rows, cols, group, False, rows + m, scales)
     x = _randn(m, cols, seed=m)
     assert rel_err(ops.linear(x, to_row8(w)), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
 
@@ -126,3 +160,21 @@ def test_to_row8_takes_codes_that_start_off_a_word_boundary():
     buf[1:].copy_(w.data.flatten())
     shifted = QMatrix(w.format, w.rows, w.cols, buf[1:].view(w.rows, -1), w.group, w.scale)
     assert np.array_equal(to_row8(shifted).data.numpy(), _row8_reference(w)[0])
+
+
+def test_native_check_refuses_half_scales_outside_row8(ops):
+    """KT_SCALE_F16 is a ROW8-only descriptor: the row layout's kernels read float32 scales."""
+    ffi, lib = ops.kernels.ffi, ops.kernels.lib
+    w = _with_half_scales(quantize_reference(torch.randn(8, 128), Format.I4, 32))
+    half = w.scale.half()
+    out, x = torch.empty(1, 8), torch.randn(1, 128)
+    cases = ((lib.KT_LAYOUT_ROWS, lib.KT_SCALE_F16, lib.KT_EINVAL), (lib.KT_LAYOUT_ROWS, 7, lib.KT_EINVAL),
+             (lib.KT_LAYOUT_ROWS, lib.KT_SCALE_F32, lib.KT_OK))
+    for layout, scale_type, want in cases:
+        scale = half if scale_type == lib.KT_SCALE_F16 else w.scale
+        desc = ffi.new("kt_matrix *", {"format": int(Format.I4), "group": 32, "rows": 8, "cols": 128,
+                                       "data": ffi.cast("void *", w.data.data_ptr()), "layout": layout,
+                                       "scale": ffi.cast("float *", scale.data_ptr()), "scale_type": scale_type})
+        rc = lib.kt_linear(ops.pool.handle, ffi.cast("float *", out.data_ptr()), ffi.cast("float *", x.data_ptr()),
+                           1, desc, lib.KT_ACTS_INT8)
+        assert rc == want
