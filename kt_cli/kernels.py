@@ -11,6 +11,8 @@ from kt_native.variants import VARIANTS, Variant, by_name, module_name  # noqa: 
 
 from .errors import KernelLoadError
 
+ABI_VERSION = 4     # native/src/identity.c kt_abi_version: the kt.h the Python side is written against
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -95,6 +97,10 @@ def _import(variant: Variant):
     if reported != variant.name:
         raise KernelLoadError(f"library {module_name(variant)} reports variant {reported!r}, "
                               f"expected {variant.name!r}; reinstall kt")
+    abi = module.lib.kt_abi_version()
+    if abi != ABI_VERSION:
+        raise KernelLoadError(f"library {module_name(variant)} has C ABI version {abi}, this kt needs "
+                              f"{ABI_VERSION}: rebuild the kernels with ./install.sh")
     return module
 
 

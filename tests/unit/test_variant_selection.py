@@ -77,3 +77,12 @@ def test_nothing_built_is_an_error():
 
 def test_alias_flags_are_normalised():
     assert normalise_flags({"AVX512VNNI", "amx-tile"}) == {"avx512_vnni", "amx_tile"}
+
+
+def test_a_library_built_for_another_abi_is_refused(monkeypatch):
+    """A stale build (kt.h changed since) would misread kt_matrix: it must not load."""
+    generic = kernels.by_name("generic")
+    assert kernels._import(generic).lib.kt_abi_version() == kernels.ABI_VERSION
+    monkeypatch.setattr(kernels, "ABI_VERSION", kernels.ABI_VERSION + 1)
+    with pytest.raises(KernelLoadError, match="C ABI version .* rebuild the kernels"):
+        kernels._import(generic)
