@@ -8,7 +8,7 @@ A matrix W is (rows, cols); linear layers compute x @ W.T.
   I4   data uint8 (rows, cols/2); every 32 weights of a row are one 16-byte block,
        byte j = q[j] | q[j+16] << 4, q in 0..15;
        w = scale*(q-8) without min, w = scale*q + min with it
-  scale, min: float32 (rows, cols/group)
+  scale, min: float32 (rows, cols/group); float16 in the row8 layout below when exact
 
 In memory only (never on disk), an I8/I4 matrix may be `tiled` (kt.h,
 KT_LAYOUT_TILES): the same bytes with every 4 rows interleaved in 64-byte chunks,
@@ -130,7 +130,8 @@ def _validate_quantized(m: QMatrix) -> None:
         _expect(m.data, torch.uint8, (m.rows, m.cols // 2), "data")
     else:
         _expect(m.data, torch.int8, (m.rows, m.cols), "data")
-    scale_dtype = m.scale.dtype if m.row8 and m.scale is not None and m.scale.dtype == torch.float16 else torch.float32
+    halves = m.row8 and m.scale is not None and m.scale.dtype == torch.float16     # kt.h KT_SCALE_F16
+    scale_dtype = torch.float16 if halves else torch.float32
     _expect(m.scale, scale_dtype, (m.rows, m.n_groups), "scale")
     if m.min is not None:
         _expect(m.min, scale_dtype, (m.rows, m.n_groups), "min")
