@@ -187,8 +187,9 @@ def to_row8(m: QMatrix) -> QMatrix:
     _check(can_row8(m), f"a {m.format.name} {m.rows}x{m.cols} matrix cannot be row8")
     words = _words(m.data).reshape(m.rows // ROW8_ROWS, ROW8_ROWS, m.cols // 8)    # [G, r, (b, j)]
     data = words.transpose(1, 2).contiguous().view(torch.uint8).reshape(m.rows, m.cols // 2)
-    scale, mins = _halves_if_exact(_groups_by_8(m.scale), _groups_by_8(m.min))
-    return QMatrix(m.format, m.rows, m.cols, data, m.group, scale, mins, row8=True)
+    dtype = torch.float16 if _exact_halves(m.scale, m.min) else torch.float32
+    return QMatrix(m.format, m.rows, m.cols, data, m.group, _groups_by_8(m.scale, dtype), _groups_by_8(m.min, dtype),
+                   row8=True)
 
 
 def from_row8(m: QMatrix) -> QMatrix:
@@ -199,11 +200,9 @@ def from_row8(m: QMatrix) -> QMatrix:
     return QMatrix(m.format, m.rows, m.cols, data, m.group, _rows_by_8(_float32(m.scale)), _rows_by_8(_float32(m.min)))
 
 
-def _halves_if_exact(scale: torch.Tensor, mins: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """scale and min as float16 when every value of both converts back unchanged, else as they are"""
-    halves = [None if t is None else t.half() for t in (scale, mins)]
-    exact = all(h is None or torch.equal(h.float(), t) for h, t in zip(halves, (scale, mins)))
-    return (halves[0], halves[1]) if exact else (scale, mins)
+def _exact_halves(*tensors: torch.Tensor | None) -> bool:
+    """Whether every value of the tensors converts to float16 and back unchanged"""
+    return all(t is None or torch.equal(t.half().float(), t) for t in tensors)
 
 
 def _float32(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -218,12 +217,15 @@ def _words(codes: torch.Tensor) -> torch.Tensor:
     return codes.view(torch.int32)
 
 
-def _groups_by_8(t: torch.Tensor | None) -> torch.Tensor | None:
-    """(rows, n_groups) row-major -> the same shape holding [rows/8][n_groups][8]"""
+def _groups_by_8(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """(rows, n_groups) row-major -> the same shape holding [rows/8][n_groups][8] in dtype, in one
+    copy (no temporaries between the copies a model's experts make, so they stay few mappings)"""
     if t is None:
         return None
     rows, groups = t.shape
-    return t.reshape(rows // ROW8_ROWS, ROW8_ROWS, groups).transpose(1, 2).contiguous().reshape(rows, groups)
+    out = torch.empty((rows, groups), dtype=dtype)
+    out.view(rows // ROW8_ROWS, groups, ROW8_ROWS).copy_(t.view(rows // ROW8_ROWS, ROW8_ROWS, groups).transpose(1, 2))
+    return out
 
 
 def _rows_by_8(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -274,8 +276,7 @@ def _quantize_i8(g, rows, cols, group, symmetric):
 
 def _quantize_i4(g, rows, cols, group, symmetric):
     if symmetric:
-        amax_signed = _signed_absmax(g)
-        scale = amax_signed / -8.0
+        scale = _nearest_half(_signed_absmax(g) / -8.0)
         q = torch.round(g / _nonzero(scale)[..., None] + 8.0).clamp(0, 15)
         return QMatrix(Format.I4, rows, cols, pack_i4(q.reshape(rows, cols)), group,
                        scale.contiguous())
@@ -291,6 +292,14 @@ def _signed_absmax(g: torch.Tensor) -> torch.Tensor:
     # full range -8..7 is used on the side that needs it.
     idx = g.abs().argmax(dim=2, keepdim=True)
     return torch.gather(g, 2, idx).squeeze(2)
+
+
+def _nearest_half(t: torch.Tensor) -> torch.Tensor:
+    """t rounded to the nearest float16 value (ties to even) where float16 holds it: symmetric I4
+    scales, so the row8 layout keeps them in 16 bits. A weight moves by at most scale/256, or by 2^-22
+    where the scale is below 2^-14 (a subnormal half)"""
+    halves = t.half().float()
+    return torch.where(torch.isfinite(halves), halves, t)
 
 
 def _nonzero(scale: torch.Tensor) -> torch.Tensor:

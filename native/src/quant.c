@@ -125,13 +125,29 @@ int kt_quantize_rows_f32_i8(int8_t *q, float *scale, const float *x, int64_t row
 
 /* ---- weights: one group of one row ------------------------------------------------ */
 
+/* x rounded to the nearest half float (ties to even), or x itself where that would overflow:
+ * symmetric I4 scales are kept to halves so the ROW8 layout can store them in 16 bits
+ * (kt.h KT_SCALE_F16). Halves have 11 significant bits, and steps of 2^-24 below 2^-14. */
+static float nearest_half(float x)
+{
+    float a = fabsf(x);
+    if (!(a < 65520.0f))
+        return x;
+    if (a < 6.103515625e-05f)
+        return copysignf(rintf(a * 16777216.0f) / 16777216.0f, x);
+    int e;
+    frexpf(a, &e);
+    float step = ldexpf(1.0f, e - 11);
+    return copysignf(rintf(a / step) * step, x);
+}
+
 static struct code_rule group_rule(const float *g, int64_t n, int32_t format, int asym, float *min)
 {
     float lo, hi;
     if (format == KT_I8 && !asym)
         return (struct code_rule){kt_abs_max(g, n) / 127.0f, 0.0f, 0.0f, -127.0f, 127.0f};
     if (format == KT_I4 && !asym)
-        return (struct code_rule){signed_abs_max(g, n) / -8.0f, 0.0f, 8.0f, 0.0f, 15.0f};
+        return (struct code_rule){nearest_half(signed_abs_max(g, n) / -8.0f), 0.0f, 8.0f, 0.0f, 15.0f};
     min_max(g, n, &lo, &hi);
     if (format == KT_I8) {
         float scale = (hi - lo) / 255.0f;

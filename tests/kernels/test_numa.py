@@ -232,7 +232,14 @@ def test_experts_of_a_layer_become_few_mappings(ops):
     if experts.numa_ranges == 0:
         pytest.skip("needs a kernel with NUMA support that lets this process call mbind (refused here)")
     assert experts.numa_ranges <= 3
-    assert all(mempolicy(t.data_ptr() + PAGESIZE) == MPOL_INTERLEAVE for t in experts._tensors())
+    pages = [p for p in map(_first_whole_page, experts._tensors()) if p is not None]
+    assert len(pages) >= 48 and all(mempolicy(p) == MPOL_INTERLEAVE for p in pages)
+
+
+def _first_whole_page(t: torch.Tensor) -> int | None:
+    """The address of the first page that lies wholly inside t, if one does (small row8 scales may not)"""
+    start = -(-t.data_ptr() // PAGESIZE) * PAGESIZE
+    return start if start + PAGESIZE <= t.data_ptr() + t.numel() * t.element_size() else None
 
 
 def test_interleave_failure_warns_once_and_places_nothing(ops, caplog, monkeypatch):

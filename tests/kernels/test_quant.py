@@ -1,7 +1,8 @@
 """Native quantization vs the torch reference (kt_weights.layout.quantize_reference).
 
 Both compute the same float32 operations with IEEE division and round-half-to-even,
-so codes, scales and mins must be bit-identical (error bound: 0 quanta)."""
+so codes, scales and mins must be bit-identical (error bound: 0 quanta). Symmetric I4
+scales are the nearest float16 values (kt.h KT_SCALE_F16), rounded the same way."""
 
 import pytest
 import torch
@@ -40,6 +41,30 @@ def test_quantize_constant_rows_give_zero_scale(ops):
     got = ops.quantize(w, Format.I4, 32, symmetric=False)
     assert torch.equal(got.data, ref.data) and torch.equal(got.min, ref.min)
     assert torch.equal(got.dequantize(), w)
+
+
+def _scale_edges() -> torch.Tensor:
+    """Rows of one 32-weight group whose symmetric I4 scale (signed absmax / -8) lands on the edges
+    of float16: ties between two halves, subnormals, the largest half, and beyond it (overflow)."""
+    scales = [1 + 2 ** -11, 1 + 3 * 2 ** -11, -(2 + 2 ** -10), 3.3e-6, 2 ** -24 * 1.5, 2 ** -25, 6.1e-5,
+              65504.0, 65519.0, 65520.0, 1e6, 1 / 3]
+    rows = torch.zeros(len(scales), 32)
+    rows[:, 0] = torch.tensor(scales, dtype=torch.float32) * -8.0
+    rows[:, 1:] = rows[:, :1] * torch.linspace(-0.9, 0.9, 31)
+    return rows
+
+
+def test_symmetric_i4_scales_are_the_nearest_halves(ops):
+    """Rounded to float16 with ties to even (torch's .half()), except where a half would overflow."""
+    w = _scale_edges()
+    got, ref = ops.quantize(w, Format.I4, 32), quantize_reference(w, Format.I4, 32)
+    assert torch.equal(got.scale, ref.scale) and torch.equal(got.data, ref.data)
+    exact = (-w[:, :1] / 8).float()
+    halves = exact.half().float()
+    assert torch.equal(got.scale, torch.where(torch.isfinite(halves), halves, exact))
+    assert got.scale[0, 0] == 1.0 and got.scale[1, 0] == 1 + 4 * 2 ** -11      # ties to even, both ways
+    assert got.scale[-3, 0] == 65520.0 and got.scale[-2, 0] == 1e6             # no half: kept as they are
+    assert not torch.equal(got.scale, exact)
 
 
 def _rows_reference(x):

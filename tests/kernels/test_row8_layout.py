@@ -33,9 +33,14 @@ def _with_half_scales(w: QMatrix) -> QMatrix:
     return QMatrix(w.format, w.rows, w.cols, w.data, w.group, *rounded)
 
 
+def _with_float32_scales(w: QMatrix) -> QMatrix:
+    """w with its scale nudged off the float16 grid (kt quantizes symmetric I4 scales to halves)"""
+    return QMatrix(w.format, w.rows, w.cols, w.data, w.group, w.scale * (1 + 2 ** -16), w.min)
+
+
 def _quantized(rows: int, cols: int, group: int, symmetric: bool, seed: int, scales: str) -> QMatrix:
     w = quantize_reference(_randn(rows, cols, seed=seed), Format.I4, group, symmetric)
-    return _with_half_scales(w) if scales == "f16" else w
+    return _with_half_scales(w) if scales == "f16" else _with_float32_scales(w)
 
 
 def _row8_reference(w: QMatrix) -> tuple[np.ndarray, np.ndarray]:
@@ -69,8 +74,8 @@ def test_to_row8_follows_the_formulas_and_round_trips(rows, cols, group):
 
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 def test_to_row8_moves_exact_half_scales_to_float16_only(symmetric):
-    w = quantize_reference(_randn(16, 128, seed=9), Format.I4, 32, symmetric)
-    assert to_row8(w).scale.dtype == torch.float32         # kt's own float32 scales stay as they are
+    w = _with_float32_scales(quantize_reference(_randn(16, 128, seed=9), Format.I4, 32, symmetric))
+    assert to_row8(w).scale.dtype == torch.float32         # scales that are not all halves stay float32
     half = _with_half_scales(w)
     r8 = to_row8(half)
     codes, scales = _row8_reference(half)
