@@ -11,7 +11,10 @@ machine (the probe `kt doctor` uses) as the ceiling for decode.
 have the 8-row kernel) and tiled (fmt name + "/tiled"), alternating the two ROUNDS
 times and keeping each one's fastest round, so both see the same load.
 
-Weights are random codes (the kernels' speed does not depend on the values);
+Weights are random codes (the kernels' speed does not depend on the values); i4_* have
+a min per group and float32 scales, as kt's own quantizer makes them; q4_0 is a GGUF
+Q4_0 model's experts as kt loads them (no mins, scales exact float16 values, which the
+row8 layout keeps in float16);
 routing is uniform random top-k, drawn afresh for each of DRAWS calls that the timing
 cycles through: one fixed routing would keep decode's few experts (21 MB for
 Qwen3-30B-A3B INT4 at T=1) in a 32 MB L3 and time the cache, not the memory. Columns:
@@ -55,16 +58,24 @@ class Shape:
 
 
 SHAPES = {
-    "qwen3-30b-a3b": Shape(2048, 768, 128, 8, (1, 8, 128, 512), ("bf16", "i8", "i4_g32", "i4_g128")),
+    "qwen3-30b-a3b": Shape(2048, 768, 128, 8, (1, 8, 128, 512), ("bf16", "i8", "i4_g32", "i4_g128", "q4_0")),
     "deepseek-v3": Shape(7168, 2048, 256, 8, (1, 8), ("i4_g128",)),
 }
 
-# name -> (format, group; None = one group per row, i.e. per output channel)
+@dataclass(frozen=True)
+class Weights:
+    format: Format
+    group: int | None           # None: one group per row (per output channel); 0 for BF16
+    mins: bool = False          # I4 with a min per group (asymmetric)
+    halves: bool = False        # scales exactly float16 values, as GGUF stores them: row8 keeps them so
+
+
 FORMATS = {
-    "bf16": (Format.BF16, 0),
-    "i8": (Format.I8, None),
-    "i4_g32": (Format.I4, 32),
-    "i4_g128": (Format.I4, 128),
+    "bf16": Weights(Format.BF16, 0),
+    "i8": Weights(Format.I8, None),
+    "i4_g32": Weights(Format.I4, 32, mins=True),        # kt's own quantizer: float32 scales
+    "i4_g128": Weights(Format.I4, 128, mins=True),
+    "q4_0": Weights(Format.I4, 32, halves=True),        # a GGUF Q4_0 model's experts as kt loads them
 }
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -78,42 +89,47 @@ def _tile(base: torch.Tensor, n: int) -> torch.Tensor:
     return out
 
 
-def _stacked(fmt: Format, group: int, n: int, rows: int, cols: int) -> dict[str, torch.Tensor]:
-    if fmt == Format.BF16:
+def _stacked(kind: Weights, group: int, n: int, rows: int, cols: int) -> dict[str, torch.Tensor]:
+    if kind.format == Format.BF16:
         return {"data": _tile((torch.randn(rows, cols) / cols ** 0.5).to(torch.bfloat16), n)}
     groups = cols // group
-    scale = _tile(torch.rand(rows, groups) * 1e-3 + 1e-4, n)
-    if fmt == Format.I8:
-        return {"data": _tile(torch.randint(-127, 128, (rows, cols), dtype=torch.int8), n), "scale": scale}
-    data = _tile(torch.randint(0, 256, (rows, cols // 2), dtype=torch.uint8), n)
-    return {"data": data, "scale": scale, "min": _tile(-8e-3 * torch.rand(rows, groups), n)}
+    side = {"scale": torch.rand(rows, groups) * 1e-3 + 1e-4}
+    if kind.mins:
+        side["min"] = -8e-3 * torch.rand(rows, groups)
+    side = {k: _tile(v.half().float() if kind.halves else v, n) for k, v in side.items()}
+    if kind.format == Format.I8:
+        return {"data": _tile(torch.randint(-127, 128, (rows, cols), dtype=torch.int8), n), **side}
+    return {"data": _tile(torch.randint(0, 256, (rows, cols // 2), dtype=torch.uint8), n), **side}
 
 
-def _matrices(fmt: Format, group: int, n: int, rows: int, cols: int) -> list[QMatrix]:
-    s = _stacked(fmt, group, n, rows, cols)
-    return [QMatrix(fmt, rows, cols, s["data"][e], group, *(s[k][e] if k in s else None for k in ("scale", "min")))
+def _matrices(kind: Weights, group: int, n: int, rows: int, cols: int) -> list[QMatrix]:
+    s = _stacked(kind, group, n, rows, cols)
+    side = [s.get(k) for k in ("scale", "min")]
+    return [QMatrix(kind.format, rows, cols, s["data"][e], group, *(t[e] if t is not None else None for t in side))
             for e in range(n)]
 
 
 def _group(name: str, cols: int) -> int:
-    fmt, group = FORMATS[name]
-    return 0 if fmt == Format.BF16 else (group or cols)
+    kind = FORMATS[name]
+    return 0 if kind.format == Format.BF16 else (kind.group or cols)
 
 
 def layer_weights(shape: Shape, name: str) -> tuple[list, list, list]:
-    fmt = FORMATS[name][0]
+    kind = FORMATS[name]
     H, I, E = shape.hidden, shape.inter, shape.experts
-    return (_matrices(fmt, _group(name, H), E, I, H), _matrices(fmt, _group(name, H), E, I, H),
-            _matrices(fmt, _group(name, I), E, H, I))
+    return (_matrices(kind, _group(name, H), E, I, H), _matrices(kind, _group(name, H), E, I, H),
+            _matrices(kind, _group(name, I), E, H, I))
 
 
 def expert_bytes(shape: Shape, name: str) -> int:
+    """What decode reads per expert: codes, scales and mins as they lie in the layout kt computes on
+    (I4 row8: scales and mins in float16 when they are exact halves)"""
     H, I = shape.hidden, shape.inter
-    fmt = FORMATS[name][0]
-    if fmt == Format.BF16:
+    kind = FORMATS[name]
+    if kind.format == Format.BF16:
         return 3 * H * I * 2
-    per_weight = 1.0 if fmt == Format.I8 else 0.5
-    side = 4 if fmt == Format.I8 else 8          # scale (+ min for the asymmetric I4 used here)
+    per_weight = 1.0 if kind.format == Format.I8 else 0.5
+    side = (2 if kind.halves else 4) * (2 if kind.mins else 1)
     return int(3 * H * I * per_weight + side * (2 * I * (H // _group(name, H)) + H * (I // _group(name, I))))
 
 
@@ -231,7 +247,7 @@ def run_shape(shape_name: str, args, ops: Ops, bw: float) -> None:
             continue
         weights = layer_weights(shape, name)
         layouts = {name: MoEExperts(*weights, ops=ops)}
-        if args.layouts and FORMATS[name][0] == Format.I4:
+        if args.layouts and FORMATS[name].format == Format.I4:
             layouts[f"{name}/tiled"] = MoEExperts(*weights, ops=ops, row8=False)
         for T in tokens:
             for row in measure_layouts(shape_name, shape, layouts, T, args, baseline):
