@@ -35,9 +35,9 @@ TOKENS = [1, 3, 8, 33]
 FLOAT_SHAPES = [(1, 1), (5, 7), (37, 33), (64, 257)]
 QUANT_CASES = [  # fmt, rows, cols, group
     (Format.I8, 1, 16, 16), (Format.I8, 37, 48, 16), (Format.I8, 33, 96, 32), (Format.I8, 64, 256, 64),
-    (Format.I8, 9, 96, 48),
+    (Format.I8, 9, 96, 48), (Format.I8, 20, 192, 32), (Format.I8, 24, 128, 128),
     (Format.I4, 1, 32, 32), (Format.I4, 37, 96, 32), (Format.I4, 33, 128, 64), (Format.I4, 64, 256, 128),
-    (Format.I4, 9, 192, 96),
+    (Format.I4, 9, 192, 96), (Format.I4, 12, 128, 128),
 ]
 QUANT_EXACT_BOUND = 1e-6
 QUANT_X_BOUND = 5e-3
