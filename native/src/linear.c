@@ -76,8 +76,9 @@ int kt_matrix_check(const kt_matrix *w)
         SWITCH_TT(TILE, 1, tt)                                                \
     }
 
-#define FLOAT_TILE(RT, TT) float_tile(o, ldo, (const char *)w->data + r * rb, rb, RT, x, w->cols, TT, fmt, ahead)
-#define BF16_DP_TILE(RT, TT) bf16_tile_dp(o, ldo, (const char *)w->data + r * rb, rb, RT, xb, x, w->cols, TT)
+#define AHEAD_AT(r) tile_prefetch(t0 / TOKEN_TILE, n_tiles, r, b0, b1, rb, w->rows, (b1 - b0 < 4 ? b1 - b0 : 4) * rb)
+#define FLOAT_TILE(RT, TT) float_tile(o, ldo, (const char *)w->data + r * rb, rb, RT, x, w->cols, TT, fmt, AHEAD_AT(r))
+#define BF16_DP_TILE(RT, TT) bf16_tile_dp(o, ldo, (const char *)w->data + r * rb, rb, RT, xb, x, w->cols, TT, AHEAD_AT(r))
 #define SWITCH_TT(TILE, RT, tt)                                               \
     switch (tt) {                                                             \
     case 1: TILE(RT, 1); break;                                               \
@@ -86,20 +87,40 @@ int kt_matrix_check(const kt_matrix *w)
     default: TILE(RT, 4); break;                                              \
     }
 
+/* Software prefetch of a block's rows (kt_tile_prefetch). The first token tile
+ * streams the block from memory: it asks for the lines stream_ahead bytes on
+ * (the next row tile's; the tiled integer layout, a few chunks of its own run).
+ * The later token tiles find the block in L2 and are compute-bound: they fetch
+ * the next block meanwhile, every row tile the same rows one block on, a 64-byte
+ * step in (later tiles) each, so each line is asked for once and the requests
+ * are spread evenly. Streaming BF16 blocks of 32 rows x 8 token tiles on Zen 4:
+ * 0.70 -> 0.85 vdpbf16ps a cycle (0.92 from L2); MoE layer BF16 T=512 1.18x,
+ * I8 1.06x. */
+KT_INLINE kt_tile_prefetch tile_prefetch(int64_t tile, int64_t n_tiles, int64_t r, int64_t b0, int64_t b1,
+                                         int64_t rb, int64_t n_rows, int64_t stream_ahead)
+{
+    kt_tile_prefetch none = {0, 1, 0};
+    if (tile == 0)
+        return (kt_tile_prefetch){stream_ahead, 1, 0};
+    if (r + (b1 - b0) >= n_rows)
+        return none;
+    return (kt_tile_prefetch){(b1 - b0) * rb, n_tiles - 1, tile - 1};
+}
+
 KT_INLINE void float_block(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t b0,
                            int64_t b1, const kt_acts *a, const int32_t fmt)
 {
     const int64_t rb = kt_row_bytes(w);
+    const int64_t n_tiles = (a->m + TOKEN_TILE - 1) / TOKEN_TILE;
     for (int64_t t0 = 0; t0 < a->m; t0 += TOKEN_TILE) {
         int tt = a->m - t0 < TOKEN_TILE ? (int)(a->m - t0) : TOKEN_TILE;
         const float *x = a->f32 + t0 * w->cols;
-        /* decode (one token): 4 rows a tile, four independent FMA chains, prefetching */
+        /* decode (one token): 4 rows a tile, four independent FMA chains */
         const int rows = a->m == 1 ? 4 : 2;
-        const int64_t ahead = a->m == 1 ? rows * rb : 0;
 #if defined(__AVX512BF16__)
         const uint16_t *xb = a->bf16 ? a->bf16 + t0 * w->cols : NULL;
         if (fmt == KT_BF16 && xb) {
-            ROW_TILES(BF16_DP_TILE, rows, tt)
+            ROW_TILES(BF16_DP_TILE, 4, tt)
             continue;
         }
 #endif
@@ -132,13 +153,18 @@ static void float_block_f16(float *o, int64_t l, const kt_matrix *w, int64_t r0,
 #define INT_TOKENS(fmt) ((fmt) == KT_I4 ? 2 : 4)
 #endif
 
-#define INT_TILE(RT, TT) int_tile(o, ldo, w, r, RT, a, t0, TT, fmt, asym, tiled)
+/* streaming: tiled, KT_PREFETCH_CHUNKS chunks of the tile's run ahead; rows, the next row tile */
+#define INT_TILE(RT, TT)                                                                          \
+    int_tile(o, ldo, w, r, RT, a, t0, TT, fmt, asym, tiled,                                       \
+             tile_prefetch(t0 / tokens, n_tiles, r, b0, b1, kt_row_bytes(w), w->rows,            \
+                           tiled ? KT_PREFETCH_CHUNKS * KT_TILE_CHUNK * KT_TILE_ROWS : (RT) * kt_row_bytes(w)))
 
 /* tiled: w's layout as a constant, so the tiles' address arithmetic folds */
 KT_INLINE void int_block_in(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t b0,
                             int64_t b1, const kt_acts *a, const int32_t fmt, const int asym, const int tiled)
 {
     const int tokens = INT_TOKENS(fmt);
+    const int64_t n_tiles = (a->m + tokens - 1) / tokens;
     for (int64_t t0 = 0; t0 < a->m; t0 += tokens) {
         int tt = a->m - t0 < tokens ? (int)(a->m - t0) : tokens;
         /* 1-2 tokens: 4 rows, a whole row tile of the tiled layout (kt.h); AVX2 I8

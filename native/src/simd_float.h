@@ -97,12 +97,20 @@ typedef float vf;
 
 /* ---- the tile ----------------------------------------------------------------------- */
 
-/* Decode streams each row once: while the tile reads a row's line, the line
- * `ahead` bytes further (the next tile's rows, which follow in memory) is
- * requested, as simd_int.h's prefetch_ahead does for the row layout; 0: no
- * prefetch (token tiles after the first read the block from cache). */
+/* Called at each 64-byte step `byte` of the rows; *due: the next step's byte
+ * offset to prefetch at (starts at phase * 64). */
+KT_INLINE void tile_prefetch_rows(const void *const *rows, const int RT, int64_t byte, const kt_tile_prefetch *pf,
+                                  int64_t *due)
+{
+    if (!pf->ahead || byte < *due)
+        return;
+    *due = byte + pf->every * 64;
+    for (int r = 0; r < RT; r++)
+        __builtin_prefetch((const char *)rows[r] + byte + pf->ahead, 0, 2);
+}
+
 KT_INLINE void float_tile(float *out, int64_t ldo, const char *row0, int64_t row_bytes, const int RT,
-                          const float *x, int64_t cols, const int TT, const int32_t fmt, int64_t ahead)
+                          const float *x, int64_t cols, const int TT, const int32_t fmt, kt_tile_prefetch pf)
 {
     const int64_t wbytes = fmt == KT_F32 ? 4 : 2;
     const void *rows[4];
@@ -112,12 +120,11 @@ KT_INLINE void float_tile(float *out, int64_t ldo, const char *row0, int64_t row
     for (int r = 0; r < RT; r++)
         for (int t = 0; t < TT; t++)
             acc[r][t] = vf_zero();
-    int64_t k = 0;
+    int64_t k = 0, due = pf.phase * 64;
     for (; k + VF_N <= cols; k += VF_N) {
         vf wv[4];
-        if (ahead && ((k * wbytes) & 63) == 0)
-            for (int r = 0; r < RT; r++)
-                __builtin_prefetch((const char *)rows[r] + k * wbytes + ahead);
+        if (((k * wbytes) & 63) == 0)
+            tile_prefetch_rows(rows, RT, k * wbytes, &pf, &due);
         for (int r = 0; r < RT; r++)
             wv[r] = vf_load_w(rows[r], k, fmt);
         for (int t = 0; t < TT; t++) {
@@ -139,7 +146,7 @@ KT_INLINE void float_tile(float *out, int64_t ldo, const char *row0, int64_t row
 /* BF16 weights against bf16-rounded activations: vdpbf16ps multiplies 32 bf16
  * pairs and adds them into 16 f32 lanes. The tail uses the f32 activations. */
 KT_INLINE void bf16_tile_dp(float *out, int64_t ldo, const char *row0, int64_t row_bytes, const int RT,
-                            const uint16_t *xb, const float *x, int64_t cols, const int TT)
+                            const uint16_t *xb, const float *x, int64_t cols, const int TT, kt_tile_prefetch pf)
 {
     const void *rows[4];
     for (int r = 0; r < RT; r++)
@@ -148,9 +155,10 @@ KT_INLINE void bf16_tile_dp(float *out, int64_t ldo, const char *row0, int64_t r
     for (int r = 0; r < RT; r++)
         for (int t = 0; t < TT; t++)
             acc[r][t] = _mm512_setzero_ps();
-    int64_t k = 0;
+    int64_t k = 0, due = pf.phase * 64;
     for (; k + 32 <= cols; k += 32) {
         __m512i wv[4];
+        tile_prefetch_rows(rows, RT, k * 2, &pf, &due);
         for (int r = 0; r < RT; r++)
             wv[r] = _mm512_loadu_si512((const uint16_t *)rows[r] + k);
         for (int t = 0; t < TT; t++) {

@@ -43,7 +43,8 @@
 /* What one tile reads: RT weight rows (codes, scales, mins) and TT tokens. */
 typedef struct int_rows {
     int64_t chunk_stride;     /* kt_chunk_stride: byte b of row i at row_at(w, i, b) */
-    int64_t ahead;            /* prefetch distance from row_at, in bytes */
+    kt_tile_prefetch pf;      /* prefetch_ahead's plan (ahead: bytes from row_at) */
+    int64_t *due;             /* the next row offset to prefetch at */
     const uint8_t *codes[4];
     const float *scale[4];
     const float *min[4];
@@ -54,17 +55,21 @@ KT_INLINE const uint8_t *row_at(const int_rows *w, int i, int64_t off)
     return kt_code_at(w->codes[i], w->chunk_stride, off);
 }
 
-/* Decode streams each weight row once, RT rows side by side. Row layout: runs
- * of 2-4 KB per row that the hardware prefetchers barely ramp up on, so while a
- * tile reads byte `off` of its rows, the same bytes of the next tile's rows
- * (contiguous after them) are requested (+20-40% per thread, I4 from DRAM on a
- * 2-core Zen 3 guest). Tiled layout (kt.h): the tile is one sequential run; its
- * lines KT_PREFETCH_CHUNKS (kt_internal.h) chunks ahead are requested. Call once per 64 bytes
- * of a row. */
+/* A block's first token tile streams each weight row once, RT rows side by
+ * side (decode: the only tile). Row layout: runs of 2-4 KB per row that the
+ * hardware prefetchers barely ramp up on, so while a tile reads byte `off` of
+ * its rows, the same bytes of the next tile's rows (contiguous after them) are
+ * requested (+20-40% per thread, I4 from DRAM on a 2-core Zen 3 guest). Tiled
+ * layout (kt.h): the tile is one sequential run; its lines KT_PREFETCH_CHUNKS
+ * (kt_internal.h) chunks ahead are requested. Later token tiles fetch the next
+ * block into L2 (linear.c's tile_prefetch). Call once per 64 bytes of a row. */
 KT_INLINE void prefetch_ahead(const int_rows *w, const int RT, int64_t off)
 {
+    if (!w->pf.ahead || off < *w->due)
+        return;
+    *w->due = off + w->pf.every * 64;
     for (int i = 0; i < RT; i++)
-        __builtin_prefetch(row_at(w, i, off) + w->ahead);
+        __builtin_prefetch(row_at(w, i, off) + w->pf.ahead, 0, 2);
 }
 
 #if defined(__AVX2__)
@@ -480,12 +485,14 @@ KT_INLINE void int_dots(float dots[4][4], const int_rows *rows, const int RT, co
  * the row's mins (or -8 * its scales) with the token's group sums. */
 KT_INLINE void int_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r, const int RT,
                         const kt_acts *a, int64_t t0, const int TT, const int32_t fmt, const int asym,
-                        const int tiled)
+                        const int tiled, kt_tile_prefetch pf)
 {
     int64_t cols = w->cols, group = w->group, n_groups = cols / group;
+    int64_t due = pf.phase * 64;
     int_rows rows;
     rows.chunk_stride = tiled ? (int64_t)KT_TILE_CHUNK * KT_TILE_ROWS : KT_TILE_CHUNK;   /* kt_chunk_stride(w) */
-    rows.ahead = tiled ? KT_PREFETCH_CHUNKS * rows.chunk_stride : RT * kt_row_bytes(w);
+    rows.pf = pf;
+    rows.due = &due;
     for (int i = 0; i < RT; i++) {
         rows.codes[i] = kt_row_start(w, r + i);
         rows.scale[i] = w->scale + (r + i) * n_groups;
