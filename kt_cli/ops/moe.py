@@ -3,7 +3,8 @@
 The C side borrows every weight tensor, so MoEExperts keeps the QMatrix lists
 alive for its own lifetime, and the input/output tensors of a submitted job
 until the job has been waited for. Under a NUMA plan (ops/numa.py) the layer's expert
-tensors are interleaved over the nodes once, in place, when the layer is built.
+tensors are interleaved over the nodes once, in place, when the layer is built; then they
+are moved into huge pages (ops/hugepages.py).
 """
 
 import weakref
@@ -13,7 +14,7 @@ import torch
 
 from kt_weights.layout import Format, QMatrix
 
-from . import numa
+from . import hugepages, numa
 from .ffi_args import OpError, check_status, check_tensor, kt_matrix, pointer
 from .linear import decode_layout
 
@@ -112,6 +113,7 @@ class MoEExperts:
         layout = (lambda m: decode_layout(m, self._pool, row8)) if kernel_layouts else (lambda m: m)
         self.weights = tuple([layout(m) for m in mats] for mats in (gate, up, down))
         self.numa_ranges = numa.interleave(self._pool.kernels, self._tensors(), self._pool.numa)
+        hugepages.collapse(self._tensors())
         self._native = self._build(activation, clamp_limit, alpha)
         weakref.finalize(self, self._native.release)
 

@@ -1,0 +1,78 @@
+"""kt_cli.ops.hugepages: the ranges it asks for, and that the kernel then backs the
+weights with huge pages (read back from /proc/self/smaps), contents unchanged."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kt_cli.ops import hugepages
+
+MB = 1 << 20
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _kernel_version() -> tuple[int, int]:
+    major, minor = os.uname().release.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+class FakeTensor:
+    """data_ptr / numel / element_size only: spans() must not need more"""
+
+    def __init__(self, ptr: int, n_bytes: int):
+        self.ptr, self.n = ptr, n_bytes
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def numel(self) -> int:
+        return self.n
+
+    def element_size(self) -> int:
+        return 1
+
+
+def test_spans_widen_to_huge_pages_and_join_neighbours():
+    tensors = [FakeTensor(10 * MB + 5, 100), FakeTensor(3 * MB, MB), FakeTensor(4 * MB + 1, 10),
+               FakeTensor(20 * MB, 0)]
+    assert hugepages.spans(tensors) == [(2 * MB, 6 * MB), (10 * MB, 12 * MB)]
+
+
+def _huge_kb_in(start: int, end: int) -> int:
+    """AnonHugePages of the mappings overlapping [start, end), from /proc/self/smaps"""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo < end and hi > start
+        elif inside and line.startswith("AnonHugePages:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or _kernel_version() < (6, 1),
+                    reason="MADV_COLLAPSE needs Linux 6.1 or later")
+@pytest.mark.skipif(not THP_SETTING.exists() or "[never]" in THP_SETTING.read_text(),
+                    reason="this kernel has transparent huge pages off ([never]) or none")
+def test_collapse_backs_the_tensor_with_huge_pages(monkeypatch):
+    monkeypatch.delenv("KT_HUGEPAGES", raising=False)
+    t = torch.randint(-128, 128, (16 * MB,), dtype=torch.int8)
+    expected = t.clone()
+    start, end = t.data_ptr(), t.data_ptr() + t.numel()
+    before = _huge_kb_in(start, end)
+    hugepages.collapse([t])
+    after = _huge_kb_in(start, end)
+    assert after - before >= 12 * 1024        # at least the 6 whole 2 MB pages inside 16 MB
+    assert torch.equal(t, expected)
+
+
+def test_disabled_asks_for_nothing(monkeypatch):
+    monkeypatch.setenv("KT_HUGEPAGES", "0")
+    calls = []
+    monkeypatch.setattr(hugepages, "spans", lambda tensors: calls.append(tensors) or [])
+    hugepages.collapse([torch.zeros(4 * MB, dtype=torch.int8)])
+    assert calls == []
