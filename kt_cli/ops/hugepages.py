@@ -14,8 +14,11 @@ change, so this is best effort. KT_HUGEPAGES=0 turns it off.
 import ctypes
 import os
 import sys
+from functools import lru_cache
 
 import torch
+
+from .numa import tensor_spans
 
 HUGE_PAGE = 2 << 20
 MADV_COLLAPSE = 25
@@ -26,13 +29,11 @@ def enabled() -> bool:
 
 
 def spans(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
-    """The tensors' bytes as sorted [start, end) address ranges widened to whole huge pages,
-    with overlapping or touching ranges joined."""
-    ranges = sorted((t.data_ptr() // HUGE_PAGE * HUGE_PAGE,
-                     -(-(t.data_ptr() + t.numel() * t.element_size()) // HUGE_PAGE) * HUGE_PAGE)
-                    for t in tensors if t.numel() > 0)
+    """The tensors' bytes (numa.tensor_spans) widened to whole huge pages, with overlapping or
+    touching ranges joined."""
     joined: list[tuple[int, int]] = []
-    for start, end in ranges:
+    for start, end in tensor_spans(tensors):
+        start, end = start // HUGE_PAGE * HUGE_PAGE, -(-end // HUGE_PAGE) * HUGE_PAGE
         if joined and start <= joined[-1][1]:
             joined[-1] = (joined[-1][0], max(joined[-1][1], end))
         else:
@@ -44,7 +45,12 @@ def collapse(tensors: list[torch.Tensor]) -> None:
     """Asks the kernel for the tensors' memory in huge pages (no-op when disabled)."""
     if not enabled():
         return
+    for start, end in spans(tensors):
+        _madvise()(start, end - start, MADV_COLLAPSE)
+
+
+@lru_cache(maxsize=1)
+def _madvise():
     madvise = ctypes.CDLL(None, use_errno=True).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    for start, end in spans(tensors):
-        madvise(start, end - start, MADV_COLLAPSE)
+    return madvise

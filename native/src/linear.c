@@ -76,9 +76,9 @@ int kt_matrix_check(const kt_matrix *w)
         SWITCH_TT(TILE, 1, tt)                                                \
     }
 
-#define AHEAD_AT(r) tile_prefetch(t0 / TOKEN_TILE, n_tiles, r, b0, b1, rb, w->rows, (b1 - b0 < 4 ? b1 - b0 : 4) * rb)
-#define FLOAT_TILE(RT, TT) float_tile(o, ldo, (const char *)w->data + r * rb, rb, RT, x, w->cols, TT, fmt, AHEAD_AT(r))
-#define BF16_DP_TILE(RT, TT) bf16_tile_dp(o, ldo, (const char *)w->data + r * rb, rb, RT, xb, x, w->cols, TT, AHEAD_AT(r))
+#define PREFETCH_AT(r) tile_prefetch(t0 / TOKEN_TILE, n_tiles, r, b0, b1, rb, w->rows, (b1 - b0 < 4 ? b1 - b0 : 4) * rb)
+#define FLOAT_TILE(RT, TT) float_tile(o, ldo, (const char *)w->data + r * rb, rb, RT, x, w->cols, TT, fmt, PREFETCH_AT(r))
+#define BF16_DP_TILE(RT, TT) bf16_tile_dp(o, ldo, (const char *)w->data + r * rb, rb, RT, xb, x, w->cols, TT, PREFETCH_AT(r))
 #define SWITCH_TT(TILE, RT, tt)                                               \
     switch (tt) {                                                             \
     case 1: TILE(RT, 1); break;                                               \

@@ -21,10 +21,15 @@ def _kernel_version() -> tuple[int, int]:
 
 
 class FakeTensor:
-    """data_ptr / numel / element_size only: spans() must not need more"""
+    """a contiguous CPU tensor's address and size, without the memory"""
+
+    device = torch.device("cpu")
 
     def __init__(self, ptr: int, n_bytes: int):
         self.ptr, self.n = ptr, n_bytes
+
+    def is_contiguous(self) -> bool:
+        return True
 
     def data_ptr(self) -> int:
         return self.ptr
