@@ -126,8 +126,10 @@ enum kt_scale_type { KT_SCALE_F32 = 0, KT_SCALE_F16 = 1 };
 enum kt_layout { KT_LAYOUT_ROWS = 0, KT_LAYOUT_TILES = 1, KT_LAYOUT_ROW8 = 2 };
 enum kt_row8 { KT_ROW8_ROWS = 8 };
 
-/* 1 when this build decodes ROW8 with its 8-row kernel (int8 activations), 0 when
- * every ROW8 call goes through a copy into the row layout (correct, slower). */
+/* 1 when this build decodes ROW8 with its 8-row kernel (int8 activations), 2 when it
+ * also has the 16-row prefill form (AVX512-VNNI: from 3 rows of activations on, two
+ * 8-row groups a 512-bit register), where int16 activations run faster than the float
+ * GEMM; 0 when every ROW8 call goes through a copy into the row layout (correct, slower). */
 int kt_row8_kernel(void);
 enum kt_tile { KT_TILE_ROWS = 4, KT_TILE_CHUNK = 64 };
 

@@ -3,6 +3,7 @@
 #include <string.h>
 #include "kt_internal.h"
 #include "simd_row8.h"
+#include "simd_row8_pair.h"
 
 enum { COPY_ROWS = 24 };    /* rows a fallback copy holds: whole 8-row groups, and whole
                              * tiles of the GEMM (6 or 12 rows) and of the int kernels (4) */
@@ -99,6 +100,12 @@ static void rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, in
 {
 #if defined(KT_ROW8_KERNEL)
     if (kernel_takes(a)) {
+#if defined(KT_ROW8_PAIR_KERNEL)
+        if (a->m >= PAIR_MIN_TOKENS) {
+            row8_pair_rows_i4(out, ldo, w, r0, r1, a);
+            return;
+        }
+#endif
         row8_rows_i4(out, ldo, w, r0, r1, a);
         return;
     }
@@ -108,7 +115,9 @@ static void rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, in
 
 int kt_row8_kernel(void)
 {
-#if defined(KT_ROW8_KERNEL)
+#if defined(KT_ROW8_PAIR_KERNEL)
+    return 2;
+#elif defined(KT_ROW8_KERNEL)
     return 1;
 #else
     return 0;
