@@ -54,13 +54,14 @@ def decode_acts(fmt: Format) -> str:
     return {Format.I8: "int16", Format.I4: "int8"}.get(fmt, "f32")
 
 
-def dense_acts(m: int, decode: str) -> str:
+def dense_acts(m: int, decode: str, prefill: str = "f32") -> str:
     """-> the activations for m tokens of a layer whose decode activations are `decode`: those
-    below GEMM_MIN_TOKENS, float32 from there (the GEMM reuses each dequantized weight panel).
-    int8 activations for INT4 weights in prefill too ran the avx2 8-row kernel 1.3-1.4x faster
-    than the GEMM, but moved SmolLM2's logits 1.2 from llama.cpp's (test_models_smollm2_gguf
-    allows 0.75) and flipped its France answer: prefill stays float32."""
-    return decode if m < GEMM_MIN_TOKENS else "f32"
+    below GEMM_MIN_TOKENS, `prefill` from there: float32 (the GEMM reuses each dequantized weight
+    panel) unless ops.prefill_acts gives the matrix int16. int8 activations for INT4 weights in
+    prefill ran the avx2 8-row kernel 1.3-1.4x faster than the GEMM, but moved SmolLM2's logits
+    1.2 from llama.cpp's (test_models_smollm2_gguf allows 0.75) and flipped its France answer:
+    prefill stays within int16's rounding of float32."""
+    return decode if m < GEMM_MIN_TOKENS else prefill
 
 
 class Linear(torch.nn.Module):
@@ -70,6 +71,7 @@ class Linear(torch.nn.Module):
         self.target = target
         self.qweight = ops.decode_layout(weight) if target.on_cpu else None
         self.decode_acts = decode_acts(weight.format)      # a decode plan may raise it to its layer's
+        self.prefill_acts = ops.prefill_acts(self.qweight) if target.on_cpu else "f32"
         self.kernel = ops.BoundLinear(ops.pool(), self.qweight) if target.on_cpu else None
         self.weight = None if target.on_cpu else target.put(weight.dequantize())
         self.bias = None if bias is None else target.put(bias)
@@ -81,7 +83,7 @@ class Linear(torch.nn.Module):
         flat = x.reshape(-1, self.cols)
         if flat.dtype != torch.float32:
             flat = flat.float()
-        y = self.kernel(flat.contiguous(), dense_acts(flat.shape[0], self.decode_acts))
+        y = self.kernel(flat.contiguous(), dense_acts(flat.shape[0], self.decode_acts, self.prefill_acts))
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
         if x.dim() != 2:

@@ -80,6 +80,17 @@ def decode_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None
     return kernel_layout(w, pool)
 
 
+def prefill_acts(w: QMatrix, pool: Pool | None = None) -> str:
+    """The activations a dense layer gives w from GEMM_MIN_TOKENS tokens (kt_cli.layers.linear):
+    "int16" for a ROW8 matrix where the build has the 8-row kernel's 16-row VNNI prefill form
+    (kt_row8_kernel() == 2), as int8 pairs within 1/65278 of a block's largest value; "f32" (the
+    GEMM on dequantized panels) elsewhere. On a 2-core Zen 4 the int16 form ran the scaled
+    Qwen3-MoE's Q4_0 prefill 1.15x faster than the GEMM (bench/e2e.py pp512); int8 would run it
+    1.4x faster but moves SmolLM2's logits past test_models_smollm2_gguf's bound."""
+    pool = pool if pool is not None else _default_pool()
+    return "int16" if w.row8 and pool.kernels.lib.kt_row8_kernel() == 2 else "f32"
+
+
 def _default_pool() -> Pool:
     from . import default
     return default().pool

@@ -1,6 +1,7 @@
 """Which activations dense layers give quantized weights (kt_cli.layers.linear decode_acts,
 dense_acts): in decode int8 against 4-bit codes, int16 against 8-bit ones; from
-GEMM_MIN_TOKENS tokens float32; checked on the output against fp64 references of each choice.
+GEMM_MIN_TOKENS tokens float32, or int16 for 4-bit codes where the build's 8-row kernel has
+its VNNI prefill form (ops.prefill_acts); checked on the output against fp64 references of each choice.
 A decode plan gives its whole layer one kind (int16 if any projection takes it), and
 the modules follow it."""
 
@@ -9,12 +10,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from kt_cli import ops
 from kt_cli.layers.decode_plan import _layer_acts
 from kt_cli.layers.linear import GEMM_MIN_TOKENS, Linear, Target, dense_acts
 from kt_weights.layout import Format, QMatrix, quantize_reference
 
 CPU = Target(torch.device("cpu"), torch.float32)
 BLOCK = 32
+SPLIT_MAX = 32639   # kt_internal.h KT_SPLIT_MAX: int16 activations of a ROW8 matrix, as int8 pairs
 
 
 def acts_reference(x: torch.Tensor, levels: int) -> torch.Tensor:
@@ -52,12 +55,24 @@ def test_decode_activations_follow_the_weights(fmt, acts, levels, m):
         assert rel_err(linear(x), x, w) < 2e-5 < rel_err(acts_reference(x, 127).float() @ w.T, x, w)
 
 
-@pytest.mark.parametrize("fmt", [Format.I4, Format.I8], ids=lambda f: f.name)
-def test_prefill_takes_float32(fmt):
-    linear, w = layer_of(fmt)
+def test_prefill_of_8bit_codes_takes_float32():
+    linear, w = layer_of(Format.I8)
     x = torch.randn(GEMM_MIN_TOKENS + 3, w.shape[1], generator=torch.Generator().manual_seed(5))
-    assert dense_acts(x.shape[0], linear.decode_acts) == "f32"
+    assert dense_acts(x.shape[0], linear.decode_acts, linear.prefill_acts) == "f32"
     assert rel_err(linear(x), x, w) < 1e-6
+
+
+def test_prefill_of_4bit_codes_takes_int16_where_the_16_row_kernel_is():
+    """int16 (as int8 pairs, SPLIT_MAX levels) on builds with the 8-row kernel's VNNI prefill
+    form, float32 elsewhere; either within f32 rounding of its own reference."""
+    linear, w = layer_of(Format.I4)
+    x = torch.randn(GEMM_MIN_TOKENS + 3, w.shape[1], generator=torch.Generator().manual_seed(5))
+    has_form = linear.qweight.row8 and ops.pool().kernels.lib.kt_row8_kernel() == 2
+    assert linear.prefill_acts == ("int16" if has_form else "f32")
+    assert dense_acts(x.shape[0], linear.decode_acts, linear.prefill_acts) == linear.prefill_acts
+    reference = acts_reference(x, SPLIT_MAX) if has_form else x
+    assert rel_err(linear(x), reference, w) < 1e-6
+    assert rel_err(linear(x), x, w) < 2e-5
 
 
 @pytest.mark.parametrize("m", [1, GEMM_MIN_TOKENS + 3])
