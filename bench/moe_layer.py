@@ -58,7 +58,7 @@ class Shape:
 
 
 SHAPES = {
-    "qwen3-30b-a3b": Shape(2048, 768, 128, 8, (1, 8, 128, 512), ("bf16", "i8", "i4_g32", "i4_g128", "q4_0")),
+    "qwen3-30b-a3b": Shape(2048, 768, 128, 8, (1, 8, 128, 512), ("bf16", "i8", "i4_g32", "i4_g128", "q4_0", "q8_0")),
     "deepseek-v3": Shape(7168, 2048, 256, 8, (1, 8), ("i4_g128",)),
 }
 
@@ -76,6 +76,7 @@ FORMATS = {
     "i4_g32": Weights(Format.I4, 32, mins=True),        # kt's own quantizer: float32 scales
     "i4_g128": Weights(Format.I4, 128, mins=True),
     "q4_0": Weights(Format.I4, 32, halves=True),        # a GGUF Q4_0 model's experts as kt loads them
+    "q8_0": Weights(Format.I8, 32, halves=True),        # and a Q8_0 one's
 }
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 

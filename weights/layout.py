@@ -13,9 +13,9 @@ A matrix W is (rows, cols); linear layers compute x @ W.T.
 In memory only (never on disk), an I8/I4 matrix may be `tiled` (kt.h,
 KT_LAYOUT_TILES): the same bytes with every 4 rows interleaved in 64-byte chunks,
 so the CPU kernels stream a row tile as one run (`tile_rows`, `untile_rows`).
-An I4 matrix may instead be `row8` (kt.h, KT_LAYOUT_ROW8): every 8 rows' 32-column
-blocks interleaved 4 bytes at a time, and their scales (and mins) per group, so one
-load holds the same columns of 8 rows (`to_row8`, `from_row8`). Its scale and min are
+An I4 or I8 matrix may instead be `row8` (kt.h, KT_LAYOUT_ROW8): every 8 rows' bytes
+interleaved 4 at a time, and their scales (and mins) per group, so one load holds the
+same columns of 8 rows (`to_row8`, `from_row8`). Its scale and min are
 float16 instead when every value of both is exactly a half (GGUF's Q4_0 and Q4_1 store
 theirs so): decode then streams 10-17% fewer bytes for the same weights.
 """
@@ -176,17 +176,20 @@ def untile_rows(m: QMatrix) -> QMatrix:
 
 def can_row8(m: QMatrix) -> bool:
     """Whether m's shape allows the row8 layout (kt.h KT_LAYOUT_ROW8)."""
-    return m.format == Format.I4 and m.rows % ROW8_ROWS == 0 and m.cols % 64 == 0
+    fits = m.rows % ROW8_ROWS == 0 and m.cols % 64 == 0
+    return fits and (m.format == Format.I4 or (m.format == Format.I8 and m.group % 32 == 0))
 
 
 def to_row8(m: QMatrix) -> QMatrix:
-    """m in the row8 layout (copies of codes, scale and min): the 4 bytes 4j..4j+3 of
-    row r's block b move to (r // 8) * 8 * row_bytes + b * 128 + j * 32 + (r % 8) * 4,
-    the scale of row r, group g to (r // 8) * 8 * n_groups + g * 8 + r % 8."""
+    """m in the row8 layout (copies of codes, scale and min): the 4 bytes 4i..4i+3 of
+    row r move to (r // 8) * 8 * row_bytes + i * 32 + (r % 8) * 4 (for I4 bytes 4j..4j+3
+    of row r's block b, at b * 128 + j * 32 + ...; for I8 at b * 256 + j * 32 + ...), the
+    scale of row r, group g to (r // 8) * 8 * n_groups + g * 8 + r % 8."""
     _check(not m.in_memory_layout, "the matrix is in a kernel layout already")
     _check(can_row8(m), f"a {m.format.name} {m.rows}x{m.cols} matrix cannot be row8")
-    words = _words(m.data).reshape(m.rows // ROW8_ROWS, ROW8_ROWS, m.cols // 8)    # [G, r, (b, j)]
-    data = words.transpose(1, 2).contiguous().view(torch.uint8).reshape(m.rows, m.cols // 2)
+    row_bytes = m.data.shape[1]
+    words = _words(m.data).reshape(m.rows // ROW8_ROWS, ROW8_ROWS, row_bytes // 4)    # [G, r, i]
+    data = words.transpose(1, 2).contiguous().view(m.data.dtype).reshape(m.rows, row_bytes)
     dtype = torch.float16 if _exact_halves(m.scale, m.min) else torch.float32
     return QMatrix(m.format, m.rows, m.cols, data, m.group, _groups_by_8(m.scale, dtype), _groups_by_8(m.min, dtype),
                    row8=True)
@@ -195,8 +198,9 @@ def to_row8(m: QMatrix) -> QMatrix:
 def from_row8(m: QMatrix) -> QMatrix:
     """The inverse of to_row8: m back in the row layout."""
     _check(m.row8, "the matrix is not row8")
-    words = _words(m.data).reshape(m.rows // ROW8_ROWS, m.cols // 8, ROW8_ROWS)    # [G, (b, j), r]
-    data = words.transpose(1, 2).contiguous().view(torch.uint8).reshape(m.rows, m.cols // 2)
+    row_bytes = m.data.shape[1]
+    words = _words(m.data).reshape(m.rows // ROW8_ROWS, row_bytes // 4, ROW8_ROWS)    # [G, i, r]
+    data = words.transpose(1, 2).contiguous().view(m.data.dtype).reshape(m.rows, row_bytes)
     return QMatrix(m.format, m.rows, m.cols, data, m.group, _rows_by_8(_float32(m.scale)), _rows_by_8(_float32(m.min)))
 
 
@@ -210,7 +214,7 @@ def _float32(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _words(codes: torch.Tensor) -> torch.Tensor:
-    """I4 codes as 4-byte words (one word: 4 bytes of one row's block, the unit row8 moves),
+    """I4/I8 codes as 4-byte words (one word: 4 bytes of one row, the unit row8 moves),
     through an aligned copy when the codes do not start on a 4-byte boundary"""
     if codes.storage_offset() % 4 or codes.data_ptr() % 4:
         codes = codes.clone()

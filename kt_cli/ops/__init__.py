@@ -5,7 +5,7 @@ API (implemented in this package's modules):
   pool()                                  the process-wide kt_pool (KT_THREADS threads)
   linear(x [m, cols] f32, w: QMatrix, acts="int8") -> [m, rows] f32 (acts: int8 | int16 | f32)
   kernel_layout(w: QMatrix) -> QMatrix    w tiled for the kernels where its shape allows (load time)
-  decode_layout(w: QMatrix) -> QMatrix    I4 in row8 where the kernels have it, else kernel_layout (load time)
+  decode_layout(w: QMatrix) -> QMatrix    I4 (I8) in row8 where the kernels take it, else kernel_layout (load time)
   prefill_acts(w: QMatrix) -> str         the activations a dense layer gives w from GEMM_MIN_TOKENS tokens
   BoundLinear(pool, w)(x, acts="int8")    linear() with w's native descriptor built once (per-token layers)
   quantize(w [rows, cols] f32, fmt, group, symmetric=True) -> QMatrix   (native, all threads)

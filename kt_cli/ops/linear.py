@@ -2,7 +2,7 @@
 
 import torch
 
-from kt_weights.layout import QMatrix, can_row8, can_tile, to_row8
+from kt_weights.layout import Format, QMatrix, can_row8, can_tile, to_row8
 
 from .ffi_args import OpError, check, check_status, kt_matrix, matrix_2d, pointer
 from .pool import Pool
@@ -66,15 +66,25 @@ def kernel_layout(w: QMatrix, pool: Pool | None = None) -> QMatrix:
     return QMatrix(w.format, w.rows, w.cols, data, w.group, w.scale, w.min, tiled=True)
 
 
+# kt.h enum kt_row8_kernels: which ROW8 matrices the build's 8-row kernel runs
+ROW8_I4, ROW8_I4_PREFILL, ROW8_I8 = 1, 2, 4
+
+
+def row8_kernels(pool: Pool | None = None) -> int:
+    """kt_row8_kernel() of the pool's build: ROW8_* bits"""
+    pool = pool if pool is not None else _default_pool()
+    return int(pool.kernels.lib.kt_row8_kernel())
+
+
 def decode_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None) -> QMatrix:
-    """w as decode streams it fastest: I4 in the row8 layout (kt.h KT_LAYOUT_ROW8)
-    where the shape allows and the kernels have the 8-row kernel (row8=None; True or
-    False forces the choice), else kernel_layout(w). int8 activations (experts) and
-    int16 ones (dense layers, split into int8 pairs) both run the 8-row kernel; see
-    bench/moe_layer.py --layouts and bench/linear.py (-row8 rows)."""
+    """w as decode streams it fastest: I4, and I8 on AVX512-VNNI builds without AMX, in the
+    row8 layout (kt.h KT_LAYOUT_ROW8) where the shape allows and the build's 8-row kernel
+    takes it (row8=None; True or False forces the choice), else kernel_layout(w). int8
+    activations (experts) and int16 ones (dense layers, split into int8 pairs) both run
+    the 8-row kernel; see bench/moe_layer.py --layouts and bench/linear.py (-row8 rows)."""
     pool = pool if pool is not None else _default_pool()
     if row8 is None:
-        row8 = bool(pool.kernels.lib.kt_row8_kernel())
+        row8 = bool(row8_kernels(pool) & (ROW8_I8 if w.format == Format.I8 else ROW8_I4))
     if row8 and not w.in_memory_layout and can_row8(w):
         return to_row8(w)
     return kernel_layout(w, pool)
@@ -82,13 +92,13 @@ def decode_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None
 
 def prefill_acts(w: QMatrix, pool: Pool | None = None) -> str:
     """The activations a dense layer gives w from GEMM_MIN_TOKENS tokens (kt_cli.layers.linear):
-    "int16" for a ROW8 matrix where the build has the 8-row kernel's 16-row VNNI prefill form
-    (kt_row8_kernel() == 2), as int8 pairs within 1/65278 of a block's largest value; "f32" (the
-    GEMM on dequantized panels) elsewhere. On a 2-core Zen 4 the int16 form ran the scaled
+    "int16" for a ROW8 matrix the build runs on its 16-row VNNI form (INT4 with ROW8_I4_PREFILL,
+    I8 with ROW8_I8), as int8 pairs within 1/65278 of a block's largest value; "f32" (the GEMM
+    on dequantized panels) elsewhere. On a 2-core Zen 4 the int16 form ran the scaled
     Qwen3-MoE's Q4_0 prefill 1.15x faster than the GEMM (bench/e2e.py pp512); int8 would run it
     1.4x faster but moves SmolLM2's logits past test_models_smollm2_gguf's bound."""
-    pool = pool if pool is not None else _default_pool()
-    return "int16" if w.row8 and pool.kernels.lib.kt_row8_kernel() == 2 else "f32"
+    need = ROW8_I8 if w.format == Format.I8 else ROW8_I4_PREFILL
+    return "int16" if w.row8 and row8_kernels(pool) & need else "f32"
 
 
 def _default_pool() -> Pool:

@@ -114,22 +114,28 @@ enum kt_scale_type { KT_SCALE_F32 = 0, KT_SCALE_F16 = 1 };
  * Decode streams a tile of rows side by side; tiled, that is one sequential run of
  * memory instead of four short ones the hardware prefetchers barely follow.
  * KT_LAYOUT_TILES needs rows % 4 == 0 and row_bytes % 64 == 0.
- *   KT_LAYOUT_ROW8   I4 only: rows in groups of 8 whose 32-column blocks (16 bytes
- *                    a row) are interleaved 4 bytes at a time: bytes 4j..4j+3 of
- *                    row r's block b at data + (r / 8) * 8 * row_bytes + b * 128 +
- *                    j * 32 + (r % 8) * 4, and scale (min alike) of row r, group g
+ *   KT_LAYOUT_ROW8   I4 and I8: rows in groups of 8 whose bytes are interleaved 4 at
+ *                    a time: bytes 4i..4i+3 of row r at data + (r / 8) * 8 * row_bytes
+ *                    + i * 32 + (r % 8) * 4 (for I4 that puts bytes 4j..4j+3 of row r's
+ *                    block b, 16 bytes a row, at b * 128 + j * 32; for I8, 32 bytes a
+ *                    row, at b * 256 + j * 32), and scale (min alike) of row r, group g
  *                    at scale[(r / 8) * 8 * n_groups + g * 8 + r % 8].
- * In ROW8 one 32-byte load holds the same 8 columns of 8 rows: decode broadcasts
- * each 4 activations to the 8 rows and sums a block of 8 rows in one register,
+ * In ROW8 one 32-byte load holds the same columns of 8 rows: the kernels broadcast
+ * each 4 activations to the rows and sum a block of 8 (or 16) rows in one register,
  * with one conversion and scaling per block instead of one per row and block.
- * KT_LAYOUT_ROW8 needs format I4, rows % 8 == 0 and cols % 64 == 0. */
+ * KT_LAYOUT_ROW8 needs rows % 8 == 0, cols % 64 == 0, and for I8 group % 32 == 0. */
 enum kt_layout { KT_LAYOUT_ROWS = 0, KT_LAYOUT_TILES = 1, KT_LAYOUT_ROW8 = 2 };
 enum kt_row8 { KT_ROW8_ROWS = 8 };
 
-/* 1 when this build decodes ROW8 with its 8-row kernel (int8 activations), 2 when it
- * also has the 16-row prefill form (AVX512-VNNI: from 3 rows of activations on, two
- * 8-row groups a 512-bit register), where int16 activations run faster than the float
- * GEMM; 0 when every ROW8 call goes through a copy into the row layout (correct, slower). */
+/* Which ROW8 matrices this build runs on its 8-row kernel, as bits; the others go
+ * through a copy into the row layout (correct, slower):
+ *   KT_ROW8_I4          INT4 with int8 activations (plain or int16 split into pairs)
+ *   KT_ROW8_I4_PREFILL  and the 16-row AVX512-VNNI form from 3 rows of activations on
+ *                       (two 8-row groups a 512-bit register), where int16 activations
+ *                       run faster than the float GEMM
+ *   KT_ROW8_I8          I8 on the 16-row form at any token count (AVX512-VNNI builds
+ *                       without AMX tiles, whose I8 prefill reads the row layout) */
+enum kt_row8_kernels { KT_ROW8_I4 = 1, KT_ROW8_I4_PREFILL = 2, KT_ROW8_I8 = 4 };
 int kt_row8_kernel(void);
 enum kt_tile { KT_TILE_ROWS = 4, KT_TILE_CHUNK = 64 };
 

@@ -25,11 +25,12 @@ static int uses_bf16_acts(int32_t format)
 #endif
 }
 
-/* AMX panels (amx variant, tiles enabled): BF16 needs cols % 32 == 0, I8 group % 32 == 0. */
+/* AMX panels (amx variant, tiles enabled): BF16 needs cols % 32 == 0, I8 group % 32 == 0 and
+ * the row layout (ROW8 runs the 16-row kernel). */
 static int uses_amx(const kt_matrix *w, int64_t m, int amx_tiles)
 {
 #if defined(KT_AMX_BUILD)
-    if (!amx_tiles || m < KT_AMX_MIN_TOKENS)
+    if (!amx_tiles || m < KT_AMX_MIN_TOKENS || w->layout == KT_LAYOUT_ROW8)
         return 0;
     return (w->format == KT_BF16 && w->cols % 32 == 0) || (w->format == KT_I8 && w->group % 32 == 0);
 #else
@@ -109,10 +110,14 @@ static int32_t effective_kind(const kt_matrix *w, int32_t kind)
     return kind == KT_ACTS_INT16 && !quantized(w->format) ? KT_ACTS_F32 : kind;
 }
 
-/* ROW8 matrices take int16 activations split into int8 pairs (kt_internal.h) */
+/* ROW8 matrices take int16 activations split into int8 pairs (kt_internal.h): INT4 always,
+ * I8 where the 16-row kernel runs it (elsewhere the row kernels would meet the pairs'
+ * -128, which their sign trick cannot negate, so I8 keeps int16 codes there) */
 static int splits_int16(const kt_matrix *w, int32_t kind)
 {
-    return kind == KT_ACTS_INT16 && w->layout == KT_LAYOUT_ROW8;
+    if (kind != KT_ACTS_INT16 || w->layout != KT_LAYOUT_ROW8)
+        return 0;
+    return w->format == KT_I4 || (kt_row8_kernel() & KT_ROW8_I8);
 }
 
 size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int32_t kind)
@@ -235,8 +240,10 @@ static void prepare_split(kt_acts *a, const float *x, int64_t m, const kt_matrix
             s_hi[b] = 256.0f * s_lo[b];
         group_sums(a->q_group_sum + 2 * t * n_groups, hi, 1, s_hi, cols, w->group);
         group_sums(a->q_group_sum + (2 * t + 1) * n_groups, lo, 1, s_lo, cols, w->group);
-        interleave_i4(hi, cols);
-        interleave_i4(lo, cols);
+        if (w->format == KT_I4) {
+            interleave_i4(hi, cols);
+            interleave_i4(lo, cols);
+        }
     }
     a->m = 2 * m;
     a->split = 1;

@@ -56,7 +56,7 @@ int kt_matrix_check(const kt_matrix *w)
         return KT_EINVAL;
     if (w->layout == KT_LAYOUT_TILES && (w->rows % KT_TILE_ROWS != 0 || kt_row_bytes(w) % KT_TILE_CHUNK != 0))
         return KT_EINVAL;
-    if (w->layout == KT_LAYOUT_ROW8 && (w->format != KT_I4 || w->rows % KT_ROW8_ROWS != 0 || w->cols % 64 != 0))
+    if (w->layout == KT_LAYOUT_ROW8 && (w->rows % KT_ROW8_ROWS != 0 || w->cols % 64 != 0 || w->group % 32 != 0))
         return KT_EINVAL;
     return KT_OK;
 }
@@ -310,14 +310,16 @@ static void linear_task(void *ctx, int64_t task, int thread)
  * little, but each worth at least MIN_TASK_BYTES of weight-times-token work, so
  * claiming a task (one atomic on a shared line) stays cheap beside it; a
  * multiple of 12 rows: whole row tiles of the integer kernels (4) and of the
- * GEMM (6 or 12); of 24 for ROW8, whose row groups are 8. */
+ * GEMM (6 or 12); of 24 for ROW8, whose row groups are 8, and of 48 where its
+ * 16-row form runs (I8, and INT4 from 3 tokens: simd_row8_pair.h), whose row
+ * groups go in pairs. */
 static int64_t rows_per_task(const kt_matrix *w, int64_t m, int threads)
 {
     int64_t balanced = (w->rows + (int64_t)TASKS_PER_THREAD * threads - 1) / ((int64_t)TASKS_PER_THREAD * threads);
     int64_t work = kt_row_bytes(w) * m;
     int64_t least = (MIN_TASK_BYTES + work - 1) / work;
     int64_t rows = balanced > least ? balanced : least;
-    int64_t unit = w->layout == KT_LAYOUT_ROW8 ? 24 : 12;
+    int64_t unit = w->layout != KT_LAYOUT_ROW8 ? 12 : w->format == KT_I8 || m >= 3 ? 48 : 24;
     return (rows + unit - 1) / unit * unit;
 }
 

@@ -17,16 +17,16 @@ static float scale_at(const kt_matrix *w, const float *t, int64_t i)
 }
 
 /* Rows [r0, r0 + n) of w (r0, n multiples of 8) into the row layout: codes
- * [n, cols / 2], scale and (when w has one) min [n, n_groups]. */
+ * [n, row bytes], scale and (when w has one) min [n, n_groups]. Word i (bytes
+ * 4i..4i+3) of row r sits at word i * 8 + r % 8 of its 8-row group (kt.h). */
 static void copy_rows(uint8_t *codes, float *scale, float *min, const kt_matrix *w, int64_t r0, int64_t n)
 {
-    const int64_t rb = kt_row_bytes(w), nb = w->cols / 32, ng = n_groups(w);
+    const int64_t rb = kt_row_bytes(w), ng = n_groups(w);
     for (int64_t r = r0; r < r0 + n; r++) {
         const uint8_t *group = (const uint8_t *)w->data + (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * rb;
         uint8_t *dst = codes + (r - r0) * rb;
-        for (int64_t b = 0; b < nb; b++)
-            for (int j = 0; j < 4; j++)
-                memcpy(dst + b * 16 + j * 4, group + b * 128 + j * 32 + (r % KT_ROW8_ROWS) * 4, 4);
+        for (int64_t i = 0; i < rb / 4; i++)
+            memcpy(dst + i * 4, group + i * 32 + (r % KT_ROW8_ROWS) * 4, 4);
         const int64_t at = (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * ng + r % KT_ROW8_ROWS;
         for (int64_t g = 0; g < ng; g++) {
             scale[(r - r0) * ng + g] = scale_at(w, w->scale, at + g * KT_ROW8_ROWS);
@@ -39,13 +39,18 @@ static void copy_rows(uint8_t *codes, float *scale, float *min, const kt_matrix 
 /* Weight (r, k) of a ROW8 matrix, for the no-memory path. */
 static float weight_at(const kt_matrix *w, int64_t r, int64_t k)
 {
-    const int64_t rb = kt_row_bytes(w), ng = n_groups(w), b = k / 32, j = (k % 16) / 4;
+    const int64_t rb = kt_row_bytes(w), ng = n_groups(w);
     const uint8_t *group = (const uint8_t *)w->data + (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * rb;
+    const int64_t at = (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * ng + (k / w->group) * KT_ROW8_ROWS + r % KT_ROW8_ROWS;
+    const float s = scale_at(w, w->scale, at), mn = w->min ? scale_at(w, w->min, at) : 0.0f;
+    if (w->format == KT_I8) {
+        const int8_t code = (int8_t)group[(k / 4) * 32 + (r % KT_ROW8_ROWS) * 4 + k % 4];
+        return s * (float)code + mn;
+    }
+    const int64_t b = k / 32, j = (k % 16) / 4;
     uint8_t byte = group[b * 128 + j * 32 + (r % KT_ROW8_ROWS) * 4 + k % 4];
     int code = (k % 32) < 16 ? (byte & 0x0F) : (byte >> 4);
-    const int64_t at = (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * ng + (k / w->group) * KT_ROW8_ROWS + r % KT_ROW8_ROWS;
-    const float s = scale_at(w, w->scale, at);
-    return w->min ? s * (float)code + scale_at(w, w->min, at) : s * (float)(code - 8);
+    return w->min ? s * (float)code + mn : s * (float)(code - 8);
 }
 
 /* No scratch for a copy (allocation failed): exact float products from x. */
@@ -83,13 +88,18 @@ static size_t copy_bytes(const kt_matrix *w)
     return (size_t)(COPY_ROWS * kt_row_bytes(w) + 63) / 64 * 64 + 2 * (size_t)(COPY_ROWS * n_groups(w)) * 4;
 }
 
-/* Whether this build's 8-row kernel takes a (int8 rows: plain or split pairs) */
-static int kernel_takes(const kt_acts *a)
+/* Whether this build's 8-row kernel takes a (int8 rows: plain or split pairs) for w:
+ * INT4 where it has the kernel, I8 where it has the 16-row form */
+static int kernel_takes(const kt_matrix *w, const kt_acts *a)
 {
-#if defined(KT_ROW8_KERNEL)
-    return a->q && !a->q16 && !a->float_acts;
+    if (!a->q || a->q16 || a->float_acts)
+        return 0;
+#if defined(KT_ROW8_PAIR_KERNEL)
+    return 1;
+#elif defined(KT_ROW8_KERNEL)
+    return w->format == KT_I4;
 #else
-    (void)a;
+    (void)w;
     return 0;
 #endif
 }
@@ -99,10 +109,10 @@ static void rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, in
                      uint8_t *copy_buf)
 {
 #if defined(KT_ROW8_KERNEL)
-    if (kernel_takes(a)) {
+    if (kernel_takes(w, a)) {
 #if defined(KT_ROW8_PAIR_KERNEL)
-        if (a->m >= PAIR_MIN_TOKENS) {
-            row8_pair_rows_i4(out, ldo, w, r0, r1, a);
+        if (w->format == KT_I8 || a->m >= PAIR_MIN_TOKENS) {
+            row8_pair_rows(out, ldo, w, r0, r1, a);
             return;
         }
 #endif
@@ -115,10 +125,12 @@ static void rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, in
 
 int kt_row8_kernel(void)
 {
-#if defined(KT_ROW8_PAIR_KERNEL)
-    return 2;
+#if defined(KT_ROW8_PAIR_KERNEL) && defined(KT_AMX_BUILD)
+    return KT_ROW8_I4 | KT_ROW8_I4_PREFILL;
+#elif defined(KT_ROW8_PAIR_KERNEL)
+    return KT_ROW8_I4 | KT_ROW8_I4_PREFILL | KT_ROW8_I8;
 #elif defined(KT_ROW8_KERNEL)
-    return 1;
+    return KT_ROW8_I4;
 #else
     return 0;
 #endif
@@ -129,7 +141,7 @@ int kt_row8_kernel(void)
 void kt_row8_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
                       const kt_acts *acts)
 {
-    if (!acts->split && kernel_takes(acts)) {
+    if (!acts->split && kernel_takes(w, acts)) {
         rows_f32(out, ldo, w, r0, r1, acts, NULL);     /* the decode path: no scratch */
         return;
     }

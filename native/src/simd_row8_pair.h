@@ -1,5 +1,6 @@
-/* simd_row8_pair.h: the prefill form of the 8-row INT4 kernel (simd_row8.h) on
- * AVX512-VNNI, two 8-row groups at a time, included by row8.c only.
+/* simd_row8_pair.h: the 16-row form of the 8-row kernel (simd_row8.h) on
+ * AVX512-VNNI, two 8-row groups at a time, included by row8.c only: INT4 prefill,
+ * and INT8 at every token count (kt.h KT_LAYOUT_ROW8 for I8).
  *
  * One 512-bit register holds the same 32-byte load of groups G (low half) and
  * G + 1 (high half): 4 bytes of each of 16 rows. A token's 4 activation bytes
@@ -7,7 +8,12 @@
  * unpacking, the float scaling and the stores are shared by 16 rows instead of 8.
  * The 256-bit form ran ~180 instructions per block, 8 rows and 4 tokens, for 32
  * vpdpbusd: issue-bound at about half the vpdpbusd rate. The maths is
- * simd_row8.h's, lane for lane. */
+ * simd_row8.h's, lane for lane.
+ *
+ * I8 codes are signed; each load flips their top bit (q + 128, as vpdpbusd's unsigned
+ * operand), and the group's zero point takes the 128 back: -128 * s[i, g] * gsum[g]
+ * (plus mn[i, g] * gsum[g] where the matrix has mins). Per block and token a lane adds
+ * 32 products of at most 255 * 128: far inside int32. */
 #ifndef KT_SIMD_ROW8_PAIR_H
 #define KT_SIMD_ROW8_PAIR_H
 
@@ -16,8 +22,9 @@
 #if defined(KT_ROW8_KERNEL) && defined(__AVX512F__) && defined(__AVX512VNNI__)
 #define KT_ROW8_PAIR_KERNEL 1
 
-/* from PAIR_MIN_TOKENS rows of activations on; decode keeps the 8-row form, tuned for streaming */
-enum { PAIR_TOKENS = 6, PAIR_MIN_TOKENS = 3 };
+/* INT4 from PAIR_MIN_TOKENS rows of activations on (its decode keeps the 8-row form, tuned
+ * for streaming); I8_BLOCK_BYTES: one 32-column block of 8 I8 rows */
+enum { PAIR_TOKENS = 6, PAIR_MIN_TOKENS = 3, I8_BLOCK_BYTES = 8 * 32 };
 
 /* bytes [p0, p0 + 32) in the low half, [p1, p1 + 32) in the high half */
 KT_INLINE __m512i load_pair(const uint8_t *p0, const uint8_t *p1)
@@ -47,46 +54,65 @@ KT_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i u, const int8_t *p)
     return acc;
 }
 
-/* The int32 dots of one block's 16 rows with TT tokens' activations (qb: token 0's piece),
- * two chains a token (low and high nibbles), as block_dots_wide */
+/* The int32 dots of one block's 16 rows with TT tokens' activations (qb: token 0's piece)
+ * at b0 (rows 0-7) and b1 (rows 8-15), two chains a token. INT4: the low and high nibbles of
+ * 4 loads, as block_dots_wide; I8: 8 loads of codes with their top bit flipped. */
 KT_INLINE void pair_block_dots(__m512i dot[PAIR_TOKENS], const uint8_t *b0, const uint8_t *b1, const int8_t *qb,
-                               int64_t cols, const int TT)
+                               int64_t cols, const int is_i8, const int TT)
 {
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512i hi_dot[PAIR_TOKENS];
     for (int t = 0; t < TT; t++)
         dot[t] = hi_dot[t] = _mm512_setzero_si512();
-    for (int j = 0; j < 4; j++) {
-        const __m512i v = load_pair(b0 + 32 * j, b1 + 32 * j);
-        const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
-        for (int t = 0; t < TT; t++) {
-            const int8_t *q = qb + t * cols + 4 * j;
-            dot[t] = dpbusd_bcast(dot[t], lo, q);
-            hi_dot[t] = dpbusd_bcast(hi_dot[t], hi, q + 32);
+    if (is_i8) {
+        const __m512i top = _mm512_set1_epi8((char)0x80);
+        for (int j = 0; j < 8; j += 2) {
+            const __m512i u0 = _mm512_xor_si512(load_pair(b0 + 32 * j, b1 + 32 * j), top);
+            const __m512i u1 = _mm512_xor_si512(load_pair(b0 + 32 * j + 32, b1 + 32 * j + 32), top);
+            for (int t = 0; t < TT; t++) {
+                const int8_t *q = qb + t * cols + 4 * j;
+                dot[t] = dpbusd_bcast(dot[t], u0, q);
+                hi_dot[t] = dpbusd_bcast(hi_dot[t], u1, q + 4);
+            }
+        }
+    } else {
+        const __m512i low4 = _mm512_set1_epi8(0x0F);
+        for (int j = 0; j < 4; j++) {
+            const __m512i v = load_pair(b0 + 32 * j, b1 + 32 * j);
+            const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+            for (int t = 0; t < TT; t++) {
+                const int8_t *q = qb + t * cols + 4 * j;
+                dot[t] = dpbusd_bcast(dot[t], lo, q);
+                hi_dot[t] = dpbusd_bcast(hi_dot[t], hi, q + 32);
+            }
         }
     }
     for (int t = 0; t < TT; t++)
         dot[t] = _mm512_add_epi32(dot[t], hi_dot[t]);
 }
 
-/* Rows 8G..8G+15 for tokens t0..t0+TT-1 into out (token t at out[t * ldo], 16 floats) */
 /* Where a token tile of a pair prefetches: the first streams its own codes ROW8_AHEAD bytes
- * ahead (stream); the later ones fetch lines [first, last) of the next pair's codes from
- * next into L2, per_block lines a block, so that its first tile finds them there instead of
- * waiting on memory (MoE layer, Q4_0, Zen 4: T=128 1.08x, T=512 1.03x). */
+ * ahead (stream, lines_per_block a group); the later ones fetch lines [first, last) of the
+ * next pair's codes from next into L2, per_block lines a block, so that its first tile finds
+ * them there instead of waiting on memory (MoE layer, Q4_0, Zen 4: T=128 1.08x, T=512 1.03x). */
 typedef struct pair_prefetch {
     int stream;
     const char *next;
     int64_t first, last, per_block;
 } pair_prefetch;
 
-KT_INLINE void prefetch_block(const pair_prefetch *pf, const uint8_t *b0, const uint8_t *b1, int64_t b)
+#ifndef PAIR_I8_AHEAD
+#define PAIR_I8_AHEAD 1024
+#endif
+
+KT_INLINE void prefetch_block(const pair_prefetch *pf, const uint8_t *b0, const uint8_t *b1, int64_t b,
+                              const int is_i8)
 {
     if (pf->stream) {
-        __builtin_prefetch(b0 + ROW8_AHEAD);
-        __builtin_prefetch(b0 + ROW8_AHEAD + 64);
-        __builtin_prefetch(b1 + ROW8_AHEAD);
-        __builtin_prefetch(b1 + ROW8_AHEAD + 64);
+        const int64_t ahead = is_i8 ? PAIR_I8_AHEAD : ROW8_AHEAD;
+        for (int i = 0; i < (is_i8 ? 4 : 2); i++) {
+            __builtin_prefetch(b0 + ahead + 64 * i);
+            __builtin_prefetch(b1 + ahead + 64 * i);
+        }
         return;
     }
     for (int64_t line = pf->first + b * pf->per_block, end = line + pf->per_block; line < end; line++)
@@ -94,91 +120,185 @@ KT_INLINE void prefetch_block(const pair_prefetch *pf, const uint8_t *b0, const 
             __builtin_prefetch(pf->next + line * 64, 0, 2);
 }
 
-KT_INLINE void row8_pair(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a, int64_t t0,
-                         const pair_prefetch *pf, const int TT)
+/* 8 rows' scales or mins of group g, for the pair's two 8-row groups; with `same`, the
+ * first group's in both halves (an odd last group run as its own pair) */
+KT_INLINE __m512 pair_scales(const char *t, int64_t g, size_t next_group, int half, int same)
+{
+    const char *p = t + g * 8 * (half ? 2 : 4);
+    return load_scales_pair(p, same ? p : p + next_group, half);
+}
+
+/* Rows 8G..8G+15 for tokens t0..t0+TT-1 into out (token t at out[t * ldo], 16 floats); with
+ * `same`, rows 8G..8G+7 only (G is the last group: both halves compute it, 8 floats stored) */
+KT_INLINE void row8_pair(float *out, int64_t ldo, const kt_matrix *w, int64_t G, int same, const kt_acts *a,
+                         int64_t t0, const pair_prefetch *pf, const int is_i8, const int TT)
 {
     const int64_t cols = w->cols, nb = cols / 32, ng = cols / w->group, per_group = w->group / 32;
-    const uint8_t *codes0 = (const uint8_t *)w->data + G * 8 * (cols / 2), *codes1 = codes0 + 8 * (cols / 2);
+    const int64_t group_bytes = 8 * kt_row_bytes(w), block_bytes = is_i8 ? I8_BLOCK_BYTES : ROW8_BLOCK_BYTES;
+    const uint8_t *codes0 = (const uint8_t *)w->data + G * group_bytes, *codes1 = same ? codes0 : codes0 + group_bytes;
     const int half = w->scale_type == KT_SCALE_F16;
     const size_t scale_bytes = half ? 2 : 4, next_group = (size_t)(8 * ng) * scale_bytes;
     const char *scale = (const char *)w->scale + (size_t)(G * 8 * ng) * scale_bytes;
     const char *min = w->min ? (const char *)w->min + (size_t)(G * 8 * ng) * scale_bytes : NULL;
     const int8_t *q = a->q + t0 * cols;
     const float *sa = a->q_scale + t0 * nb, *gsum = a->q_group_sum + t0 * ng;
+    const __m512 bias = _mm512_set1_ps(is_i8 ? -128.0f : -8.0f);
     __m512 acc[PAIR_TOKENS];
     for (int t = 0; t < TT; t++)
         acc[t] = _mm512_setzero_ps();
     for (int64_t g = 0, b = 0; g < ng; g++) {
-        const char *sg = scale + g * 8 * scale_bytes;
-        const __m512 ws = load_scales_pair(sg, sg + next_group, half);
+        const __m512 ws = pair_scales(scale, g, next_group, half, same);
         for (int64_t end = b + per_group; b < end; b++) {
-            const uint8_t *b0 = codes0 + b * ROW8_BLOCK_BYTES, *b1 = codes1 + b * ROW8_BLOCK_BYTES;
-            prefetch_block(pf, b0, b1, b);
+            const uint8_t *b0 = codes0 + b * block_bytes, *b1 = codes1 + b * block_bytes;
+            prefetch_block(pf, b0, b1, b, is_i8);
             __m512i dot[PAIR_TOKENS];
-            pair_block_dots(dot, b0, b1, q + act_piece(b), cols, TT);
+            pair_block_dots(dot, b0, b1, q + (is_i8 ? b * 32 : act_piece(b)), cols, is_i8, TT);
             for (int t = 0; t < TT; t++) {
                 const __m512 scale_tb = _mm512_mul_ps(ws, _mm512_set1_ps(sa[t * nb + b]));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), scale_tb, acc[t]);
             }
         }
-        const char *mg = min ? min + g * 8 * scale_bytes : NULL;
-        const __m512 zero_point = mg ? load_scales_pair(mg, mg + next_group, half)
-                                     : _mm512_mul_ps(ws, _mm512_set1_ps(-8.0f));
+        /* INT4: mn or -8 s; I8: (mn or 0) - 128 s */
+        __m512 zero_point = _mm512_mul_ps(ws, bias);
+        if (min)
+            zero_point = is_i8 ? _mm512_add_ps(zero_point, pair_scales(min, g, next_group, half, same))
+                               : pair_scales(min, g, next_group, half, same);
         for (int t = 0; t < TT; t++)
             acc[t] = _mm512_fmadd_ps(zero_point, _mm512_set1_ps(gsum[t * ng + g]), acc[t]);
     }
     for (int t = 0; t < TT; t++)
-        _mm512_storeu_ps(out + t * ldo, acc[t]);
+        _mm512_mask_storeu_ps(out + t * ldo, same ? (__mmask16)0x00FF : (__mmask16)0xFFFF, acc[t]);
 }
 
-/* Rows [r0, r1) (multiples of 8) for tokens [c0, c1): pairs of 8-row groups, then
- * the odd group, if any, through the 8-row form */
+/* acc + u . the 4 signed bytes at p in every lane of 8 (dpbusd_bcast, 256 bits) */
+KT_INLINE __m256i dpbusd_bcast8(__m256i acc, __m256i u, const int8_t *p)
+{
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+    return acc;
+}
+
+/* I8 decode: rows 8G..8G+7 for tokens t0..t0+TT-1 (TT <= 2), one group at a time. Two
+ * groups a register read two streams 8 rows apart, which ran one MoE layer's decode 0.7x
+ * as fast as the row layout; one stream matches it. */
+KT_INLINE void row8_i8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
+                             int64_t t0, const int TT)
+{
+    const int64_t cols = w->cols, nb = cols / 32, ng = cols / w->group, per_group = w->group / 32;
+    const uint8_t *codes = (const uint8_t *)w->data + G * 8 * cols;
+    const int half = w->scale_type == KT_SCALE_F16;
+    const size_t scale_bytes = half ? 2 : 4;
+    const char *scale = (const char *)w->scale + (size_t)(G * 8 * ng) * scale_bytes;
+    const char *min = w->min ? (const char *)w->min + (size_t)(G * 8 * ng) * scale_bytes : NULL;
+    const int8_t *q = a->q + t0 * cols;
+    const float *sa = a->q_scale + t0 * nb, *gsum = a->q_group_sum + t0 * ng;
+    const __m256i top = _mm256_set1_epi8((char)0x80);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t g = 0, b = 0; g < ng; g++) {
+        const __m256 ws = load_scales8(scale + g * 8 * scale_bytes, half);
+        for (int64_t end = b + per_group; b < end; b++) {
+            const uint8_t *block = codes + b * I8_BLOCK_BYTES;
+            for (int i = 0; i < 4; i++)
+                __builtin_prefetch(block + ROW8_AHEAD + 64 * i);
+            __m256i dot[2], hi_dot[2];
+            for (int t = 0; t < TT; t++)
+                dot[t] = hi_dot[t] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j += 2) {
+                const __m256i u0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(block + 32 * j)), top);
+                const __m256i u1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(block + 32 * j + 32)), top);
+                for (int t = 0; t < TT; t++) {
+                    dot[t] = dpbusd_bcast8(dot[t], u0, q + t * cols + b * 32 + 4 * j);
+                    hi_dot[t] = dpbusd_bcast8(hi_dot[t], u1, q + t * cols + b * 32 + 4 * j + 4);
+                }
+            }
+            for (int t = 0; t < TT; t++) {
+                const __m256 scale_tb = _mm256_mul_ps(ws, _mm256_set1_ps(sa[t * nb + b]));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(dot[t], hi_dot[t])), scale_tb, acc[t]);
+            }
+        }
+        __m256 zero_point = _mm256_mul_ps(ws, _mm256_set1_ps(-128.0f));
+        if (min)
+            zero_point = _mm256_add_ps(zero_point, load_scales8(min + g * 8 * scale_bytes, half));
+        for (int t = 0; t < TT; t++)
+            acc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(gsum[t * ng + g]), acc[t]);
+    }
+    for (int t = 0; t < TT; t++)
+        _mm256_storeu_ps(out + t * ldo, acc[t]);
+}
+
 /* The prefetch plan of token tile `tile` of `tiles` over pair G (pair_prefetch) */
 KT_INLINE pair_prefetch pair_plan(const kt_matrix *w, int64_t G, int64_t r1, int64_t tile, int64_t tiles)
 {
-    const int64_t pair_bytes = 16 * (w->cols / 2), lines = pair_bytes / 64, nb = w->cols / 32;
+    const int64_t group_bytes = 8 * kt_row_bytes(w), lines = 2 * group_bytes / 64, nb = w->cols / 32;
     pair_prefetch pf = {tile == 0, NULL, 0, 0, 0};
     if (tile == 0 || G + 3 >= r1 / 8)
         return pf;
     const int64_t per_tile = (lines + tiles - 2) / (tiles - 1);
-    pf.next = (const char *)w->data + (G + 2) * 8 * (w->cols / 2);
+    pf.next = (const char *)w->data + (G + 2) * group_bytes;
     pf.first = (tile - 1) * per_tile;
     pf.last = pf.first + per_tile < lines ? pf.first + per_tile : lines;
     pf.per_block = (per_tile + nb - 1) / nb;
     return pf;
 }
 
-/* Rows [r0, r1) (multiples of 8) for tokens [c0, c1): pairs of 8-row groups, then
- * the odd group, if any, through the 8-row form */
-KT_INLINE void row8_pair_chunk_i4(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
-                                  const kt_acts *a, int64_t c0, int64_t c1)
+/* One token tile (the first tt of PAIR_TOKENS) of pair G */
+KT_INLINE void pair_tile(float *o, int64_t ldo, const kt_matrix *w, int64_t G, int same, const kt_acts *a,
+                         int64_t t0, const pair_prefetch *pf, int64_t tt, const int is_i8)
+{
+    switch (tt < PAIR_TOKENS ? tt : PAIR_TOKENS) {
+    case 1: row8_pair(o, ldo, w, G, same, a, t0, pf, is_i8, 1); break;
+    case 2: row8_pair(o, ldo, w, G, same, a, t0, pf, is_i8, 2); break;
+    case 3: row8_pair(o, ldo, w, G, same, a, t0, pf, is_i8, 3); break;
+    case 4: row8_pair(o, ldo, w, G, same, a, t0, pf, is_i8, 4); break;
+    case 5: row8_pair(o, ldo, w, G, same, a, t0, pf, is_i8, 5); break;
+    default: row8_pair(o, ldo, w, G, same, a, t0, pf, is_i8, 6); break;
+    }
+}
+
+/* Rows [r0, r1) (multiples of 8) for tokens [c0, c1): pairs of 8-row groups, then the odd
+ * group, if any: INT4 through the 8-row form, I8 as a pair of itself */
+KT_INLINE void row8_pair_chunk(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                               const kt_acts *a, int64_t c0, int64_t c1, const int is_i8)
 {
     const int64_t tiles = (c1 - c0 + PAIR_TOKENS - 1) / PAIR_TOKENS;
     int64_t G = r0 / 8;
-    for (; G + 1 < r1 / 8; G += 2) {
-        for (int64_t t0 = c0, tile = 0; t0 < c1; t0 += PAIR_TOKENS, tile++) {
-            float *o = out + t0 * ldo + (G * 8 - r0);
-            const pair_prefetch pf = pair_plan(w, G, r1, tile, tiles);
-            switch (c1 - t0 < PAIR_TOKENS ? c1 - t0 : PAIR_TOKENS) {
-            case 1: row8_pair(o, ldo, w, G, a, t0, &pf, 1); break;
-            case 2: row8_pair(o, ldo, w, G, a, t0, &pf, 2); break;
-            case 3: row8_pair(o, ldo, w, G, a, t0, &pf, 3); break;
-            case 4: row8_pair(o, ldo, w, G, a, t0, &pf, 4); break;
-            case 5: row8_pair(o, ldo, w, G, a, t0, &pf, 5); break;
-            default: row8_pair(o, ldo, w, G, a, t0, &pf, 6); break;
-            }
+    if (is_i8 && c1 - c0 <= 2) {
+        for (; G < r1 / 8; G++) {
+            if (c1 - c0 == 1)
+                row8_i8_group(out + c0 * ldo + (G * 8 - r0), ldo, w, G, a, c0, 1);
+            else
+                row8_i8_group(out + c0 * ldo + (G * 8 - r0), ldo, w, G, a, c0, 2);
         }
+        return;
     }
-    if (G < r1 / 8)
+    for (; G + 1 < r1 / 8; G += 2)
+        for (int64_t t0 = c0, tile = 0; t0 < c1; t0 += PAIR_TOKENS, tile++) {
+            const pair_prefetch pf = pair_plan(w, G, r1, tile, tiles);
+            pair_tile(out + t0 * ldo + (G * 8 - r0), ldo, w, G, 0, a, t0, &pf, c1 - t0, is_i8);
+        }
+    if (G == r1 / 8)
+        return;
+    if (!is_i8) {
         row8_chunk_i4(out + (G * 8 - r0), ldo, w, G * 8, r1, a, c0, c1);
+        return;
+    }
+    const pair_prefetch stream = {1, NULL, 0, 0, 0};
+    for (int64_t t0 = c0; t0 < c1; t0 += PAIR_TOKENS)
+        pair_tile(out + t0 * ldo + (G * 8 - r0), ldo, w, G, 1, a, t0, &stream, c1 - t0, is_i8);
 }
 
-/* Every token, in chunks of ROW8_CHUNK, as row8_rows_i4 */
-static inline void row8_pair_rows_i4(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
-                                     const kt_acts *a)
+/* Every token, in chunks of ROW8_CHUNK, as row8_rows_i4: INT4 (from PAIR_MIN_TOKENS rows of
+ * activations) or I8 rows */
+static inline void row8_pair_rows(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                                  const kt_acts *a)
 {
-    for (int64_t c0 = 0; c0 < a->m; c0 += ROW8_CHUNK)
-        row8_pair_chunk_i4(out, ldo, w, r0, r1, a, c0, c0 + ROW8_CHUNK < a->m ? c0 + ROW8_CHUNK : a->m);
+    const int is_i8 = w->format == KT_I8;
+    for (int64_t c0 = 0; c0 < a->m; c0 += ROW8_CHUNK) {
+        const int64_t c1 = c0 + ROW8_CHUNK < a->m ? c0 + ROW8_CHUNK : a->m;
+        if (is_i8)
+            row8_pair_chunk(out, ldo, w, r0, r1, a, c0, c1, 1);
+        else
+            row8_pair_chunk(out, ldo, w, r0, r1, a, c0, c1, 0);
+    }
 }
 
 #endif

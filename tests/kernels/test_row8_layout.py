@@ -115,22 +115,25 @@ def test_linear_on_row8_weights_past_a_token_chunk(ops, rows, cols, group, scale
 
 
 def test_decode_layout_picks_row8_where_the_kernel_is(ops):
+    """kt.h kt_row8_kernels: INT4 on every SIMD build, its prefill form and I8 on the
+    AVX512-VNNI ones (I8 not on amx, whose I8 prefill reads the row layout)"""
+    bits = {"generic": 0, "avx2": 1, "avx512": 1, "amx": 3}.get(ops.kernels.variant, 7)
+    assert ops.kernels.lib.kt_row8_kernel() == bits
     w = quantize_reference(_randn(16, 128, seed=5), Format.I4, 32)
-    level = ops.kernels.lib.kt_row8_kernel()        # 2: with the 16-row AVX512-VNNI prefill form
-    assert level == {"generic": 0, "avx2": 1, "avx512": 1}.get(ops.kernels.variant, 2)
-    has_kernel = level > 0
-    assert decode_layout(w, ops.pool).row8 == has_kernel
+    assert decode_layout(w, ops.pool).row8 == bool(bits & 1)
     assert decode_layout(w, ops.pool, row8=True).row8
     assert decode_layout(w, ops.pool, row8=False).tiled
     odd = quantize_reference(_randn(12, 128, seed=6), Format.I4, 32)      # 12 rows: tiles, not row8
     assert decode_layout(odd, ops.pool, row8=True).tiled
     i8 = quantize_reference(_randn(16, 128, seed=7), Format.I8, 32)
-    assert decode_layout(i8, ops.pool, row8=True).tiled
+    assert decode_layout(i8, ops.pool).row8 == bool(bits & 4)
+    assert decode_layout(i8, ops.pool, row8=True).row8
 
 
-@pytest.mark.parametrize("rows, cols, fmt", [(12, 128, Format.I4), (8, 96, Format.I4), (8, 128, Format.I8)])
-def test_row8_refuses_other_shapes_and_formats(rows, cols, fmt):
-    w = quantize_reference(_randn(rows, cols, seed=1), fmt, 32)
+@pytest.mark.parametrize("rows, cols, fmt, group", [(12, 128, Format.I4, 32), (8, 96, Format.I4, 32),
+                                                   (8, 96, Format.I8, 32), (16, 128, Format.I8, 16)])
+def test_row8_refuses_other_shapes_and_formats(rows, cols, fmt, group):
+    w = quantize_reference(_randn(rows, cols, seed=1), fmt, group)
     assert not can_row8(w)
     with pytest.raises(LayoutError, match="cannot be row8"):
         to_row8(w)
@@ -138,12 +141,14 @@ def test_row8_refuses_other_shapes_and_formats(rows, cols, fmt):
         QMatrix(w.format, w.rows, w.cols, w.data, w.group, w.scale, row8=True)
 
 
-@pytest.mark.parametrize("rows, cols, fmt", [(12, 128, Format.I4), (8, 96, Format.I4), (8, 128, Format.I8)])
-def test_native_check_refuses_impossible_row8_descriptors(ops, rows, cols, fmt):
-    """C verifies the ROW8 layout's shape itself (I4, rows % 8, cols % 64)."""
+@pytest.mark.parametrize("rows, cols, fmt, group", [(12, 128, Format.I4, 32), (8, 96, Format.I4, 32),
+                                                   (8, 96, Format.I8, 32), (8, 128, Format.I8, 16),
+                                                   (8, 128, Format.BF16, 32)])
+def test_native_check_refuses_impossible_row8_descriptors(ops, rows, cols, fmt, group):
+    """C verifies the ROW8 layout's shape itself (I4 or I8, rows % 8, cols % 64, group % 32)."""
     ffi, lib = ops.kernels.ffi, ops.kernels.lib
-    w = quantize_reference(torch.randn(rows, cols), fmt, 32)
-    desc = ffi.new("kt_matrix *", {"format": int(fmt), "group": 32, "rows": rows, "cols": cols,
+    w = quantize_reference(torch.randn(rows, cols), fmt if fmt.quantized else Format.I8, group)
+    desc = ffi.new("kt_matrix *", {"format": int(fmt), "group": group, "rows": rows, "cols": cols,
                                    "data": ffi.cast("void *", w.data.data_ptr()), "layout": lib.KT_LAYOUT_ROW8,
                                    "scale": ffi.cast("float *", w.scale.data_ptr())})
     out, x = torch.empty(1, rows), torch.randn(1, cols)
@@ -184,3 +189,52 @@ def test_native_check_refuses_half_scales_outside_row8(ops):
         rc = lib.kt_linear(ops.pool.handle, ffi.cast("float *", out.data_ptr()), ffi.cast("float *", x.data_ptr()),
                            1, desc, lib.KT_ACTS_INT8)
         assert rc == want
+
+
+def _row8_i8_reference(w: QMatrix) -> np.ndarray:
+    """kt.h for I8: bytes 4j..4j+3 of row r's block b (32 bytes a row) at
+    (r // 8) * 8 * row_bytes + b * 256 + j * 32 + (r % 8) * 4"""
+    data = w.data.numpy()
+    rows, row_bytes = data.shape
+    codes = np.empty(rows * row_bytes, np.int8)
+    for r in range(rows):
+        for b in range(row_bytes // 32):
+            for j in range(8):
+                at = (r // 8) * 8 * row_bytes + b * 256 + j * 32 + (r % 8) * 4
+                codes[at:at + 4] = data[r, b * 32 + 4 * j:b * 32 + 4 * j + 4]
+    return codes.reshape(rows, row_bytes)
+
+
+I8_ROW8_CASES = [  # rows, cols, group: odd 8-row groups (24, 40), per-channel groups (group = cols)
+    (8, 64, 32), (16, 128, 64), (24, 192, 192), (40, 256, 128), (64, 2048, 32),
+]
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("rows, cols, group", I8_ROW8_CASES[:4])
+def test_i8_to_row8_follows_the_formulas_and_round_trips(rows, cols, group, symmetric):
+    w = quantize_reference(_randn(rows, cols, seed=rows), Format.I8, group, symmetric)
+    r8 = to_row8(w)
+    assert r8.row8 and r8.data.dtype == torch.int8
+    assert np.array_equal(r8.data.numpy(), _row8_i8_reference(w))
+    back = from_row8(r8)
+    assert torch.equal(back.data, w.data) and torch.equal(back.scale, w.scale)
+    assert torch.equal(r8.dequantize(), w.dequantize())
+
+
+@pytest.mark.parametrize("m", TOKENS + [65, 130])
+@pytest.mark.parametrize("scales", ["f32", "f16"])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("rows, cols, group", I8_ROW8_CASES)
+def test_linear_on_i8_row8_weights(ops, rows, cols, group, symmetric, scales, m):
+    """I8 in ROW8: the 16-row kernel where the build has it (odd last groups as a pair of
+    themselves), the row-layout copy elsewhere; int8, int16 and float activations. int16 ones
+    split into int8 pairs only where the build runs I8 on the kernel (kt.h KT_ROW8_I8)."""
+    q = quantize_reference(_randn(rows, cols, seed=rows * cols + m), Format.I8, group, symmetric)
+    w = _with_half_scales(q) if scales == "f16" else q
+    r8 = to_row8(w)
+    x = _randn(m, cols, seed=m + cols)
+    assert rel_err(ops.linear(x, r8), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
+    assert rel_err(ops.linear(x, r8, acts="f32"), x, w.dequantize()) < QUANT_EXACT_BOUND
+    levels = SPLIT_MAX if ops.kernels.lib.kt_row8_kernel() & 4 else 32767
+    assert rel_err(ops.linear(x, r8, acts="int16"), _acts_reference(x, levels), w.dequantize()) < QUANT_EXACT_BOUND

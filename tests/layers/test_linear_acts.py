@@ -1,7 +1,7 @@
 """Which activations dense layers give quantized weights (kt_cli.layers.linear decode_acts,
 dense_acts): in decode int8 against 4-bit codes, int16 against 8-bit ones; from
-GEMM_MIN_TOKENS tokens float32, or int16 for 4-bit codes where the build's 8-row kernel has
-its VNNI prefill form (ops.prefill_acts); checked on the output against fp64 references of each choice.
+GEMM_MIN_TOKENS tokens float32, or int16 where the build's 8-row kernel runs the matrix in its
+VNNI 16-row form (ops.prefill_acts); checked on the output against fp64 references of each choice.
 A decode plan gives its whole layer one kind (int16 if any projection takes it), and
 the modules follow it."""
 
@@ -50,24 +50,21 @@ def test_decode_activations_follow_the_weights(fmt, acts, levels, m):
     linear, w = layer_of(fmt)
     x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
     assert linear.decode_acts == acts
+    if acts == "int16" and linear.qweight.row8:
+        levels = SPLIT_MAX          # I8 in ROW8 (AVX512-VNNI builds): int16 as int8 pairs
     assert rel_err(linear(x), acts_reference(x, levels), w) < 1e-6
     if fmt == Format.I8:
         assert rel_err(linear(x), x, w) < 2e-5 < rel_err(acts_reference(x, 127).float() @ w.T, x, w)
 
 
-def test_prefill_of_8bit_codes_takes_float32():
-    linear, w = layer_of(Format.I8)
+@pytest.mark.parametrize("fmt, form", [(Format.I4, 2), (Format.I8, 4)], ids=["I4", "I8"])
+def test_prefill_takes_int16_where_the_16_row_kernel_is(fmt, form):
+    """int16 (as int8 pairs, SPLIT_MAX levels) for ROW8 matrices on builds whose 8-row kernel
+    runs them in its VNNI 16-row form (kt.h kt_row8_kernels: KT_ROW8_I4_PREFILL for INT4,
+    KT_ROW8_I8 for I8), float32 elsewhere; either within f32 rounding of its own reference."""
+    linear, w = layer_of(fmt)
     x = torch.randn(GEMM_MIN_TOKENS + 3, w.shape[1], generator=torch.Generator().manual_seed(5))
-    assert dense_acts(x.shape[0], linear.decode_acts, linear.prefill_acts) == "f32"
-    assert rel_err(linear(x), x, w) < 1e-6
-
-
-def test_prefill_of_4bit_codes_takes_int16_where_the_16_row_kernel_is():
-    """int16 (as int8 pairs, SPLIT_MAX levels) on builds with the 8-row kernel's VNNI prefill
-    form, float32 elsewhere; either within f32 rounding of its own reference."""
-    linear, w = layer_of(Format.I4)
-    x = torch.randn(GEMM_MIN_TOKENS + 3, w.shape[1], generator=torch.Generator().manual_seed(5))
-    has_form = linear.qweight.row8 and ops.pool().kernels.lib.kt_row8_kernel() == 2
+    has_form = linear.qweight.row8 and bool(ops.pool().kernels.lib.kt_row8_kernel() & form)
     assert linear.prefill_acts == ("int16" if has_form else "f32")
     assert dense_acts(x.shape[0], linear.decode_acts, linear.prefill_acts) == linear.prefill_acts
     reference = acts_reference(x, SPLIT_MAX) if has_form else x
