@@ -148,39 +148,62 @@ KT_INLINE __m256 load_scales8(const char *p, int half)
     return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)) : _mm256_loadu_ps((const float *)p);
 }
 
+/* Where 8-row group G's codes, scales and mins (NULL without), and the activations of
+ * tokens from t0 (int8 codes, block scales, group sums) lie */
+typedef struct row8_at {
+    const uint8_t *codes;
+    const char *scale, *min;
+    const int8_t *q;
+    const float *sa, *gsum;
+    int64_t cols, nb, ng, per_group;
+    int half;
+    size_t scale_bytes;
+} row8_at;
+
+KT_INLINE row8_at row8_locate(const kt_matrix *w, int64_t G, const kt_acts *a, int64_t t0)
+{
+    row8_at at;
+    at.cols = w->cols;
+    at.nb = w->cols / 32;
+    at.ng = w->cols / w->group;
+    at.per_group = w->group / 32;
+    at.half = w->scale_type == KT_SCALE_F16;
+    at.scale_bytes = at.half ? 2 : 4;
+    at.codes = (const uint8_t *)w->data + G * 8 * kt_row_bytes(w);
+    at.scale = (const char *)w->scale + (size_t)(G * 8 * at.ng) * at.scale_bytes;
+    at.min = w->min ? (const char *)w->min + (size_t)(G * 8 * at.ng) * at.scale_bytes : NULL;
+    at.q = a->q + t0 * at.cols;
+    at.sa = a->q_scale + t0 * at.nb;
+    at.gsum = a->q_group_sum + t0 * at.ng;
+    return at;
+}
+
 /* Rows 8G..8G+7 for tokens t0..t0+TT-1 into out (token t at out[t * ldo], 8 floats) */
 KT_INLINE void row8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
                           int64_t t0, const int TT)
 {
-    const int64_t cols = w->cols, nb = cols / 32, ng = cols / w->group, per_group = w->group / 32;
-    const uint8_t *codes = (const uint8_t *)w->data + G * 8 * (cols / 2);
-    const int half = w->scale_type == KT_SCALE_F16;
-    const size_t scale_bytes = half ? 2 : 4;
-    const char *scale = (const char *)w->scale + (size_t)(G * 8 * ng) * scale_bytes;
-    const char *min = w->min ? (const char *)w->min + (size_t)(G * 8 * ng) * scale_bytes : NULL;
-    const int8_t *q = a->q + t0 * cols;
-    const float *sa = a->q_scale + t0 * nb, *gsum = a->q_group_sum + t0 * ng;
+    const row8_at at = row8_locate(w, G, a, t0);
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     __m256 acc[ROW8_TOKENS];
     for (int t = 0; t < TT; t++)
         acc[t] = _mm256_setzero_ps();
-    for (int64_t g = 0, b = 0; g < ng; g++) {
-        const __m256 ws = load_scales8(scale + g * 8 * scale_bytes, half);
-        for (int64_t end = b + per_group; b < end; b++) {
-            const uint8_t *block = codes + b * ROW8_BLOCK_BYTES;
+    for (int64_t g = 0, b = 0; g < at.ng; g++) {
+        const __m256 ws = load_scales8(at.scale + g * 8 * at.scale_bytes, at.half);
+        for (int64_t end = b + at.per_group; b < end; b++) {
+            const uint8_t *block = at.codes + b * ROW8_BLOCK_BYTES;
             __builtin_prefetch(block + ROW8_AHEAD);
             __builtin_prefetch(block + ROW8_AHEAD + 64);
             __m256i dot[ROW8_TOKENS];
-            block_dots(dot, low4, block, q + act_piece(b), cols, TT);
+            block_dots(dot, low4, block, at.q + act_piece(b), at.cols, TT);
             for (int t = 0; t < TT; t++) {
-                const __m256 scale_tb = _mm256_mul_ps(ws, _mm256_set1_ps(sa[t * nb + b]));
+                const __m256 scale_tb = _mm256_mul_ps(ws, _mm256_set1_ps(at.sa[t * at.nb + b]));
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale_tb, acc[t]);
             }
         }
-        const __m256 zero_point = min ? load_scales8(min + g * 8 * scale_bytes, half)
+        const __m256 zero_point = at.min ? load_scales8(at.min + g * 8 * at.scale_bytes, at.half)
                                       : _mm256_mul_ps(ws, _mm256_set1_ps(-8.0f));
         for (int t = 0; t < TT; t++)
-            acc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(gsum[t * ng + g]), acc[t]);
+            acc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(at.gsum[t * at.ng + g]), acc[t]);
     }
     for (int t = 0; t < TT; t++)
         _mm256_storeu_ps(out + t * ldo, acc[t]);

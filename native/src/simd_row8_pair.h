@@ -133,38 +133,33 @@ KT_INLINE __m512 pair_scales(const char *t, int64_t g, size_t next_group, int ha
 KT_INLINE void row8_pair(float *out, int64_t ldo, const kt_matrix *w, int64_t G, int same, const kt_acts *a,
                          int64_t t0, const pair_prefetch *pf, const int is_i8, const int TT)
 {
-    const int64_t cols = w->cols, nb = cols / 32, ng = cols / w->group, per_group = w->group / 32;
+    const row8_at at = row8_locate(w, G, a, t0);
     const int64_t group_bytes = 8 * kt_row_bytes(w), block_bytes = is_i8 ? I8_BLOCK_BYTES : ROW8_BLOCK_BYTES;
-    const uint8_t *codes0 = (const uint8_t *)w->data + G * group_bytes, *codes1 = same ? codes0 : codes0 + group_bytes;
-    const int half = w->scale_type == KT_SCALE_F16;
-    const size_t scale_bytes = half ? 2 : 4, next_group = (size_t)(8 * ng) * scale_bytes;
-    const char *scale = (const char *)w->scale + (size_t)(G * 8 * ng) * scale_bytes;
-    const char *min = w->min ? (const char *)w->min + (size_t)(G * 8 * ng) * scale_bytes : NULL;
-    const int8_t *q = a->q + t0 * cols;
-    const float *sa = a->q_scale + t0 * nb, *gsum = a->q_group_sum + t0 * ng;
+    const uint8_t *codes0 = at.codes, *codes1 = same ? codes0 : codes0 + group_bytes;
+    const size_t next_group = (size_t)(8 * at.ng) * at.scale_bytes;
     const __m512 bias = _mm512_set1_ps(is_i8 ? -128.0f : -8.0f);
     __m512 acc[PAIR_TOKENS];
     for (int t = 0; t < TT; t++)
         acc[t] = _mm512_setzero_ps();
-    for (int64_t g = 0, b = 0; g < ng; g++) {
-        const __m512 ws = pair_scales(scale, g, next_group, half, same);
-        for (int64_t end = b + per_group; b < end; b++) {
+    for (int64_t g = 0, b = 0; g < at.ng; g++) {
+        const __m512 ws = pair_scales(at.scale, g, next_group, at.half, same);
+        for (int64_t end = b + at.per_group; b < end; b++) {
             const uint8_t *b0 = codes0 + b * block_bytes, *b1 = codes1 + b * block_bytes;
             prefetch_block(pf, b0, b1, b, is_i8);
             __m512i dot[PAIR_TOKENS];
-            pair_block_dots(dot, b0, b1, q + (is_i8 ? b * 32 : act_piece(b)), cols, is_i8, TT);
+            pair_block_dots(dot, b0, b1, at.q + (is_i8 ? b * 32 : act_piece(b)), at.cols, is_i8, TT);
             for (int t = 0; t < TT; t++) {
-                const __m512 scale_tb = _mm512_mul_ps(ws, _mm512_set1_ps(sa[t * nb + b]));
+                const __m512 scale_tb = _mm512_mul_ps(ws, _mm512_set1_ps(at.sa[t * at.nb + b]));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), scale_tb, acc[t]);
             }
         }
         /* INT4: mn or -8 s; I8: (mn or 0) - 128 s */
         __m512 zero_point = _mm512_mul_ps(ws, bias);
-        if (min)
-            zero_point = is_i8 ? _mm512_add_ps(zero_point, pair_scales(min, g, next_group, half, same))
-                               : pair_scales(min, g, next_group, half, same);
+        if (at.min)
+            zero_point = is_i8 ? _mm512_add_ps(zero_point, pair_scales(at.min, g, next_group, at.half, same))
+                               : pair_scales(at.min, g, next_group, at.half, same);
         for (int t = 0; t < TT; t++)
-            acc[t] = _mm512_fmadd_ps(zero_point, _mm512_set1_ps(gsum[t * ng + g]), acc[t]);
+            acc[t] = _mm512_fmadd_ps(zero_point, _mm512_set1_ps(at.gsum[t * at.ng + g]), acc[t]);
     }
     for (int t = 0; t < TT; t++)
         _mm512_mask_storeu_ps(out + t * ldo, same ? (__mmask16)0x00FF : (__mmask16)0xFFFF, acc[t]);
@@ -183,20 +178,13 @@ KT_INLINE __m256i dpbusd_bcast8(__m256i acc, __m256i u, const int8_t *p)
 KT_INLINE void row8_i8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
                              int64_t t0, const int TT)
 {
-    const int64_t cols = w->cols, nb = cols / 32, ng = cols / w->group, per_group = w->group / 32;
-    const uint8_t *codes = (const uint8_t *)w->data + G * 8 * cols;
-    const int half = w->scale_type == KT_SCALE_F16;
-    const size_t scale_bytes = half ? 2 : 4;
-    const char *scale = (const char *)w->scale + (size_t)(G * 8 * ng) * scale_bytes;
-    const char *min = w->min ? (const char *)w->min + (size_t)(G * 8 * ng) * scale_bytes : NULL;
-    const int8_t *q = a->q + t0 * cols;
-    const float *sa = a->q_scale + t0 * nb, *gsum = a->q_group_sum + t0 * ng;
+    const row8_at at = row8_locate(w, G, a, t0);
     const __m256i top = _mm256_set1_epi8((char)0x80);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t g = 0, b = 0; g < ng; g++) {
-        const __m256 ws = load_scales8(scale + g * 8 * scale_bytes, half);
-        for (int64_t end = b + per_group; b < end; b++) {
-            const uint8_t *block = codes + b * I8_BLOCK_BYTES;
+    for (int64_t g = 0, b = 0; g < at.ng; g++) {
+        const __m256 ws = load_scales8(at.scale + g * 8 * at.scale_bytes, at.half);
+        for (int64_t end = b + at.per_group; b < end; b++) {
+            const uint8_t *block = at.codes + b * I8_BLOCK_BYTES;
             for (int i = 0; i < 4; i++)
                 __builtin_prefetch(block + ROW8_AHEAD + 64 * i);
             __m256i dot[2], hi_dot[2];
@@ -206,20 +194,20 @@ KT_INLINE void row8_i8_group(float *out, int64_t ldo, const kt_matrix *w, int64_
                 const __m256i u0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(block + 32 * j)), top);
                 const __m256i u1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(block + 32 * j + 32)), top);
                 for (int t = 0; t < TT; t++) {
-                    dot[t] = dpbusd_bcast8(dot[t], u0, q + t * cols + b * 32 + 4 * j);
-                    hi_dot[t] = dpbusd_bcast8(hi_dot[t], u1, q + t * cols + b * 32 + 4 * j + 4);
+                    dot[t] = dpbusd_bcast8(dot[t], u0, at.q + t * at.cols + b * 32 + 4 * j);
+                    hi_dot[t] = dpbusd_bcast8(hi_dot[t], u1, at.q + t * at.cols + b * 32 + 4 * j + 4);
                 }
             }
             for (int t = 0; t < TT; t++) {
-                const __m256 scale_tb = _mm256_mul_ps(ws, _mm256_set1_ps(sa[t * nb + b]));
+                const __m256 scale_tb = _mm256_mul_ps(ws, _mm256_set1_ps(at.sa[t * at.nb + b]));
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(dot[t], hi_dot[t])), scale_tb, acc[t]);
             }
         }
         __m256 zero_point = _mm256_mul_ps(ws, _mm256_set1_ps(-128.0f));
-        if (min)
-            zero_point = _mm256_add_ps(zero_point, load_scales8(min + g * 8 * scale_bytes, half));
+        if (at.min)
+            zero_point = _mm256_add_ps(zero_point, load_scales8(at.min + g * 8 * at.scale_bytes, at.half));
         for (int t = 0; t < TT; t++)
-            acc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(gsum[t * ng + g]), acc[t]);
+            acc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(at.gsum[t * at.ng + g]), acc[t]);
     }
     for (int t = 0; t < TT; t++)
         _mm256_storeu_ps(out + t * ldo, acc[t]);
