@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from kt_weights.layout import Format, QMatrix
 
 from .. import ops
+from ..ops import hugepages
 from ..errors import ModelError
 
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -73,6 +74,8 @@ class Linear(torch.nn.Module):
         self.decode_acts = decode_acts(weight.format)      # a decode plan may raise it to its layer's
         self.prefill_acts = ops.prefill_acts(self.qweight) if target.on_cpu else "f32"
         self.kernel = ops.BoundLinear(ops.pool(), self.qweight) if target.on_cpu else None
+        if target.on_cpu:       # decode streams these every token, as it does the experts
+            hugepages.collapse([t for t in (self.qweight.data, self.qweight.scale, self.qweight.min) if t is not None])
         self.weight = None if target.on_cpu else target.put(weight.dequantize())
         self.bias = None if bias is None else target.put(bias)
 

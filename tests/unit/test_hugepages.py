@@ -88,3 +88,14 @@ def test_disabled_asks_for_nothing(monkeypatch):
     monkeypatch.setattr(hugepages, "spans", lambda tensors: calls.append(tensors) or [])
     hugepages.collapse([torch.zeros(4 * MB, dtype=torch.int8)])
     assert calls == []
+
+
+def test_dense_layers_ask_for_their_weights_in_huge_pages(monkeypatch):
+    from kt_cli.layers.linear import Linear, Target
+    from kt_weights.layout import Format, quantize_reference
+    asked = []
+    monkeypatch.setattr(hugepages, "collapse", lambda tensors: asked.append(tensors))
+    w = quantize_reference(torch.randn(64, 128), Format.I4, 32, symmetric=False)
+    linear = Linear(w, None, Target(torch.device("cpu"), torch.float32))
+    held = {t.data_ptr() for t in (linear.qweight.data, linear.qweight.scale, linear.qweight.min)}
+    assert len(asked) == 1 and {t.data_ptr() for t in asked[0]} == held
