@@ -89,9 +89,12 @@ class QMatrix:
         """Whether the codes are in a kernel layout (tiled or row8) that is never written to disk."""
         return self.tiled or self.row8
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors holding the matrix: codes (or values), then scale and min where present."""
+        return [t for t in (self.data, self.scale, self.min) if t is not None]
+
     def nbytes(self) -> int:
-        tensors = (self.data, self.scale, self.min)
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """dequantize()[rows] for rows [n] int64, [n, cols] float32, reading only those rows

@@ -75,7 +75,7 @@ class Linear(torch.nn.Module):
         self.prefill_acts = ops.prefill_acts(self.qweight) if target.on_cpu else "f32"
         self.kernel = ops.BoundLinear(ops.pool(), self.qweight) if target.on_cpu else None
         if target.on_cpu:       # decode streams these every token, as it does the experts
-            hugepages.collapse([t for t in (self.qweight.data, self.qweight.scale, self.qweight.min) if t is not None])
+            hugepages.collapse(self.qweight.tensors())
         self.weight = None if target.on_cpu else target.put(weight.dequantize())
         self.bias = None if bias is None else target.put(bias)
 

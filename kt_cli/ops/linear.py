@@ -66,14 +66,12 @@ def kernel_layout(w: QMatrix, pool: Pool | None = None) -> QMatrix:
     return QMatrix(w.format, w.rows, w.cols, data, w.group, w.scale, w.min, tiled=True)
 
 
-# kt.h enum kt_row8_kernels: which ROW8 matrices the build's 8-row kernel runs
-ROW8_I4, ROW8_I4_PREFILL, ROW8_I8 = 1, 2, 4
-
-
-def row8_kernels(pool: Pool | None = None) -> int:
-    """kt_row8_kernel() of the pool's build: ROW8_* bits"""
-    pool = pool if pool is not None else _default_pool()
-    return int(pool.kernels.lib.kt_row8_kernel())
+def runs_on_row8_kernel(w: QMatrix, pool: Pool | None = None, prefill: bool = False) -> bool:
+    """Whether the pool's build runs w's format on its 8-row kernel (kt.h kt_row8_kernels;
+    prefill: INT4 on the 16-row prefill form)."""
+    lib = (pool if pool is not None else _default_pool()).kernels.lib
+    need = lib.KT_ROW8_I8 if w.format == Format.I8 else lib.KT_ROW8_I4_PREFILL if prefill else lib.KT_ROW8_I4
+    return bool(lib.kt_row8_kernel() & need)
 
 
 def decode_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None) -> QMatrix:
@@ -84,7 +82,7 @@ def decode_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None
     the 8-row kernel; see bench/moe_layer.py --layouts and bench/linear.py (-row8 rows)."""
     pool = pool if pool is not None else _default_pool()
     if row8 is None:
-        row8 = bool(row8_kernels(pool) & (ROW8_I8 if w.format == Format.I8 else ROW8_I4))
+        row8 = runs_on_row8_kernel(w, pool)
     if row8 and not w.in_memory_layout and can_row8(w):
         return to_row8(w)
     return kernel_layout(w, pool)
@@ -92,13 +90,12 @@ def decode_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None
 
 def prefill_acts(w: QMatrix, pool: Pool | None = None) -> str:
     """The activations a dense layer gives w from GEMM_MIN_TOKENS tokens (kt_cli.layers.linear):
-    "int16" for a ROW8 matrix the build runs on its 16-row VNNI form (INT4 with ROW8_I4_PREFILL,
-    I8 with ROW8_I8), as int8 pairs within 1/65278 of a block's largest value; "f32" (the GEMM
+    "int16" for a ROW8 matrix the build runs on its 16-row VNNI form (INT4 with KT_ROW8_I4_PREFILL,
+    I8 with KT_ROW8_I8), as int8 pairs within 1/65278 of a block's largest value; "f32" (the GEMM
     on dequantized panels) elsewhere. On a 2-core Zen 4 the int16 form ran the scaled
     Qwen3-MoE's Q4_0 prefill 1.15x faster than the GEMM (bench/e2e.py pp512); int8 would run it
     1.4x faster but moves SmolLM2's logits past test_models_smollm2_gguf's bound."""
-    need = ROW8_I8 if w.format == Format.I8 else ROW8_I4_PREFILL
-    return "int16" if w.row8 and row8_kernels(pool) & need else "f32"
+    return "int16" if w.row8 and runs_on_row8_kernel(w, pool, prefill=True) else "f32"
 
 
 def _default_pool() -> Pool:

@@ -137,7 +137,7 @@ class MoEExperts:
 
     def _tensors(self) -> list[torch.Tensor]:
         mats = [m for group in self.weights for m in group]
-        return [t for m in mats for t in (m.data, m.scale, m.min) if t is not None]
+        return [t for m in mats for t in m.tensors()]
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H] f32, ids [T, K] int32 (< 0: skipped), weights [T, K] f32 -> [T, H] f32."""

@@ -236,5 +236,6 @@ def test_linear_on_i8_row8_weights(ops, rows, cols, group, symmetric, scales, m)
     x = _randn(m, cols, seed=m + cols)
     assert rel_err(ops.linear(x, r8), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
     assert rel_err(ops.linear(x, r8, acts="f32"), x, w.dequantize()) < QUANT_EXACT_BOUND
-    levels = SPLIT_MAX if ops.kernels.lib.kt_row8_kernel() & 4 else 32767
+    lib = ops.kernels.lib
+    levels = SPLIT_MAX if lib.kt_row8_kernel() & lib.KT_ROW8_I8 else 32767
     assert rel_err(ops.linear(x, r8, acts="int16"), _acts_reference(x, levels), w.dequantize()) < QUANT_EXACT_BOUND
