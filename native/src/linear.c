@@ -312,14 +312,15 @@ static void linear_task(void *ctx, int64_t task, int thread)
  * multiple of 12 rows: whole row tiles of the integer kernels (4) and of the
  * GEMM (6 or 12); of 24 for ROW8, whose row groups are 8, and of 48 where its
  * 16-row form runs (I8, and INT4 from 3 tokens: simd_row8_pair.h), whose row
- * groups go in pairs. */
-static int64_t rows_per_task(const kt_matrix *w, int64_t m, int threads)
+ * groups go in pairs, or where the AMX tiles (16 rows) take the rows. */
+static int64_t rows_per_task(const kt_matrix *w, const kt_acts *acts, int64_t m, int threads)
 {
     int64_t balanced = (w->rows + (int64_t)TASKS_PER_THREAD * threads - 1) / ((int64_t)TASKS_PER_THREAD * threads);
     int64_t work = kt_row_bytes(w) * m;
     int64_t least = (MIN_TASK_BYTES + work - 1) / work;
     int64_t rows = balanced > least ? balanced : least;
-    int64_t unit = w->layout != KT_LAYOUT_ROW8 ? 12 : w->format == KT_I8 || m >= 3 ? 48 : 24;
+    int amx = acts->amx_q || acts->amx_bf16;
+    int64_t unit = amx ? 48 : w->layout != KT_LAYOUT_ROW8 ? 12 : w->format == KT_I8 || m >= 3 ? 48 : 24;
     return (rows + unit - 1) / unit * unit;
 }
 
@@ -352,7 +353,7 @@ int kt_linear(kt_pool *pool, float *out, const float *x, int64_t m, const kt_mat
     if (rc != KT_OK)
         return rc;
     int threads = pool ? kt_pool_threads(pool) : 1;
-    struct linear_job job = {out, w, &acts, rows_per_task(w, m, threads)};
+    struct linear_job job = {out, w, &acts, rows_per_task(w, &acts, m, threads)};
     int64_t n_tasks = (w->rows + job.rows_per_task - 1) / job.rows_per_task;
     if (pool && n_tasks > 1) {
         kt_pool_run(pool, linear_task, &job, n_tasks);

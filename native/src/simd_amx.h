@@ -39,6 +39,15 @@
 #define KT_HAVE_AMX 1
 #define AMX_ROWS 16
 
+/* GCC's _tile_loadd is an asm statement that names no memory input, so stores to a
+ * buffer that only a tile load reads (the gathered rows below) may be dropped or
+ * moved past it. The empty asm with a memory clobber keeps them before the load. */
+#define amx_load(tile, base, stride)                                              \
+    do {                                                                          \
+        __asm__ volatile("" ::: "memory");                                        \
+        _tile_loadd(tile, base, stride);                                          \
+    } while (0)
+
 struct amx_tilecfg {
     uint8_t palette_id;
     uint8_t start_row;
@@ -80,8 +89,8 @@ static void amx_bf16_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r
     float c[16][16] __attribute__((aligned(64)));
     _tile_zero(0);
     for (int64_t kc = 0; kc < n_kc; kc++) {
-        _tile_loadd(1, wrow + kc * 32, cols * 2);
-        _tile_loadd(2, panel + kc * 512, 64);
+        amx_load(1, wrow + kc * 32, cols * 2);
+        amx_load(2, panel + kc * 512, 64);
         _tile_dpbf16ps(0, 1, 2);
     }
     _tile_stored(0, c, 64);
@@ -95,14 +104,14 @@ static void amx_bf16_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t r
 static inline void load_i8_rows_tile(const kt_matrix *w, int64_t row, int64_t b)
 {
     if (w->layout != KT_LAYOUT_TILES) {
-        _tile_loadd(1, (const int8_t *)w->data + row * w->cols + b * 32, w->cols);
+        amx_load(1, (const int8_t *)w->data + row * w->cols + b * 32, w->cols);
         return;
     }
     int8_t rows[AMX_ROWS][32] __attribute__((aligned(64)));
     int64_t stride = kt_chunk_stride(w);
     for (int i = 0; i < AMX_ROWS; i++)
         memcpy(rows[i], kt_code_at(kt_row_start(w, row + i), stride, b * 32), 32);
-    _tile_loadd(1, rows, 32);
+    amx_load(1, rows, 32);
 }
 
 /* I8 (group % 32 == 0): 16 rows starting at `row` against token block tb. */
@@ -121,7 +130,7 @@ static void amx_i8_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t row
         int64_t g = b * 32 / w->group;
         _tile_zero(0);
         load_i8_rows_tile(w, row, b);
-        _tile_loadd(2, panel + b * 512, 64);
+        amx_load(2, panel + b * 512, 64);
         _tile_dpbssd(0, 1, 2);
         _tile_stored(0, c, 64);
         __m512 sab = _mm512_loadu_ps(sa + b * 16);

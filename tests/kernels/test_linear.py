@@ -27,6 +27,7 @@ import torch
 
 from kt_cli.errors import KtError
 from kt_cli.ops import Pool
+from kt_cli.ops.linear import kernel_layout
 from kt_cli.ops.linear import linear as linear_on
 from kt_weights.layout import Format, QMatrix, quantize_reference
 
@@ -236,17 +237,22 @@ def tile_linear(request, variant, ops):
 
 
 @pytest.mark.parametrize("m", [16, 37])
-@pytest.mark.parametrize("fmt, group, symmetric", [
-    (Format.BF16, 0, True), (Format.I8, 32, True), (Format.I8, 64, True), (Format.I8, 128, False),
-    (Format.I4, 128, False),
-], ids=["bf16", "i8-g32", "i8-g64", "i8-g128-asym", "i4-g128-asym"])
-def test_tile_sized_shapes(tile_linear, variant, fmt, group, symmetric, m):
-    rows, cols = 45, 256
+@pytest.mark.parametrize("fmt, group, symmetric, tiled", [
+    (Format.BF16, 0, True, False), (Format.I8, 32, True, False), (Format.I8, 64, True, False),
+    (Format.I8, 128, False, False), (Format.I4, 128, False, False),
+    (Format.I8, 32, True, True), (Format.I8, 128, False, True),
+], ids=["bf16", "i8-g32", "i8-g64", "i8-g128-asym", "i4-g128-asym", "i8-g32-tiled", "i8-g128-asym-tiled"])
+def test_tile_sized_shapes(tile_linear, variant, ops, fmt, group, symmetric, tiled, m):
+    """tiled: the codes in KT_LAYOUT_TILES, from which the AMX I8 path gathers its 16 rows."""
+    rows, cols = (44 if tiled else 45), 256
     w32 = _randn(rows, cols, seed=rows + m)
     if fmt == Format.BF16:
         w = QMatrix(fmt, rows, cols, w32.to(torch.bfloat16))
     else:
         w = quantize_reference(w32, fmt, group, symmetric)
+    if tiled:
+        w = kernel_layout(w, ops.pool)
+        assert w.tiled
     x = _randn(m, cols, seed=m)
     out = tile_linear(x, w)
     if fmt == Format.BF16:
