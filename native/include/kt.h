@@ -133,8 +133,9 @@ enum kt_row8 { KT_ROW8_ROWS = 8 };
  *   KT_ROW8_I4_PREFILL  and the 16-row AVX512-VNNI form from 3 rows of activations on
  *                       (two 8-row groups a 512-bit register), where int16 activations
  *                       run faster than the float GEMM
- *   KT_ROW8_I8          I8 on the 16-row form at any token count (AVX512-VNNI builds
- *                       without AMX tiles, whose I8 prefill reads the row layout) */
+ *   KT_ROW8_I8          I8 on the 16-row form at any token count (AVX512-VNNI builds;
+ *                       on amx too: it ran one MoE layer's I8 prefill 1.8x faster than
+ *                       the AMX tiles, which keep I8 matrices ROW8 cannot hold) */
 enum kt_row8_kernels { KT_ROW8_I4 = 1, KT_ROW8_I4_PREFILL = 2, KT_ROW8_I8 = 4 };
 int kt_row8_kernel(void);
 enum kt_tile { KT_TILE_ROWS = 4, KT_TILE_CHUNK = 64 };

@@ -125,9 +125,7 @@ static void rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, in
 
 int kt_row8_kernel(void)
 {
-#if defined(KT_ROW8_PAIR_KERNEL) && defined(KT_AMX_BUILD)
-    return KT_ROW8_I4 | KT_ROW8_I4_PREFILL;
-#elif defined(KT_ROW8_PAIR_KERNEL)
+#if defined(KT_ROW8_PAIR_KERNEL)
     return KT_ROW8_I4 | KT_ROW8_I4_PREFILL | KT_ROW8_I8;
 #elif defined(KT_ROW8_KERNEL)
     return KT_ROW8_I4;
