@@ -1,8 +1,9 @@
 """The kt_pool handle: persistent native worker threads every parallel kernel runs on.
 
-AMX tiles: the amx variant's tile path (BF16/I8 weights, >= 16 tokens) has not yet
-been verified on AMX hardware, so a pool uses it only when asked: amx_tiles=True,
-or by default when the environment sets KT_AMX_TILES=1 and the variant is amx.
+AMX tiles: pools of the amx variant run BF16 weights (and I8 ones the ROW8 layout cannot
+hold) on the AMX tile path from 16 tokens on, unless amx_tiles=False or the environment
+sets KT_AMX_TILES=0. Verified on a Sapphire Rapids-class guest, where it ran one
+Qwen3-30B-A3B MoE layer's BF16 prefill (T=512) 2.4x faster than AVX512-BF16.
 
 NUMA (ops/numa.py): on hosts with several nodes, or under KT_NUMA=interleave, a new
 pool pins its workers round-robin over the nodes' CPUs; a refusal only warns."""
@@ -78,4 +79,4 @@ class Pool:
 
 
 def amx_tiles_wanted(variant: str) -> bool:
-    return os.environ.get(AMX_ENV) == "1" and variant == AMX_VARIANT
+    return variant == AMX_VARIANT and os.environ.get(AMX_ENV) != "0"

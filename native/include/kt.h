@@ -44,7 +44,7 @@ int kt_pool_threads(const kt_pool *pool);
  * torch's, run between kt's kernels and need the cores. At most 2^24. */
 int kt_pool_set_spin(kt_pool *pool, int32_t rounds);
 /* Lets kernels on this pool use the AMX tile path (BF16/I8 weights, >= 16 tokens);
- * off by default until that path has been verified on AMX hardware. Requests the
+ * off in a new pool (kt's Python pools turn it on for the amx variant). Requests the
  * OS permission for the tile state when enabling. Call while no job runs.
  * Enabling is KT_EUNSUPPORTED on builds other than amx, or when the OS refuses
  * the tile state; disabling always succeeds. */

@@ -2,8 +2,8 @@
  * included by linear.c. Used for full 16-row blocks of W when the activations
  * were prepared in AMX panels (kt_acts.amx_*: AMX tiles enabled on the pool,
  * m >= KT_AMX_MIN_TOKENS); the AVX-512 kernels do everything else.
- * NOT YET VERIFIED on AMX hardware: written without it, so off unless
- * kt_pool_set_amx_tiles enabled it (Python: KT_AMX_TILES=1).
+ * Off unless kt_pool_set_amx_tiles enabled it (Python pools of the amx
+ * variant do, unless KT_AMX_TILES=0).
  *
  * Roles: C (16 weight rows x 16 tokens) += A (16 weight rows x K) . B (K x 16 tokens).
  *   A is read straight from W: 16 rows of 64 (bf16) or 32 (int8) bytes, row

@@ -228,11 +228,9 @@ def test_native_check_refuses_bad_descriptors(ops, field, value):
 # otherwise.
 @pytest.fixture(scope="module", params=[False, True], ids=["plain", "amx-tiles"])
 def tile_linear(request, variant, ops):
-    if not request.param:
-        return ops.linear
-    if variant != "amx":
+    if request.param and variant != "amx":
         pytest.skip(f"AMX tiles: only the amx variant (a CPU with AMX-TILE/INT8/BF16) has them, not {variant}")
-    pool = Pool(ops.kernels, ops.threads, amx_tiles=True)
+    pool = Pool(ops.kernels, ops.threads, amx_tiles=request.param)
     return lambda x, w: linear_on(pool, x, w)
 
 
@@ -263,8 +261,9 @@ def test_tile_sized_shapes(tile_linear, variant, ops, fmt, group, symmetric, til
 
 
 def test_amx_tiles_only_on_the_amx_variant(ops, variant, monkeypatch):
+    """On by default on the amx variant, off with KT_AMX_TILES=0; refused elsewhere."""
     lib = ops.kernels.lib
-    monkeypatch.setenv("KT_AMX_TILES", "1")
+    monkeypatch.delenv("KT_AMX_TILES", raising=False)
     if variant == "amx":
         assert lib.kt_pool_set_amx_tiles(ops.pool.handle, 1) == lib.KT_OK
         assert Pool(ops.kernels, 2).amx_tiles
@@ -276,3 +275,4 @@ def test_amx_tiles_only_on_the_amx_variant(ops, variant, monkeypatch):
     assert lib.kt_pool_set_amx_tiles(ops.pool.handle, 0) == lib.KT_OK
     monkeypatch.setenv("KT_AMX_TILES", "0")
     assert not Pool(ops.kernels, 2).amx_tiles
+    assert lib.kt_pool_set_amx_tiles(ops.pool.handle, int(ops.pool.amx_tiles)) == lib.KT_OK
