@@ -12,6 +12,7 @@
 #include <math.h>
 #include <string.h>
 #include "kt_internal.h"
+#include "simd_transpose.h"
 
 #define ALIGN64(n) (((n) + (size_t)63) & ~(size_t)63)
 
@@ -264,12 +265,30 @@ static uint16_t f32_to_bf16(float f)
  * [tb][kc][k/2 % 16][t % 16][k % 2] (see simd_amx.h); padding tokens are 0. */
 static void amx_fill_bf16(uint16_t *panel, const float *x, int64_t m, int64_t cols)
 {
-    int64_t m16 = (m + 15) / 16 * 16, n_kc = cols / 32;
-    for (int64_t t = 0; t < m16; t++)
-        for (int64_t k = 0; k < cols; k++) {
-            int64_t at = (((t / 16) * n_kc + k / 32) * 16 + (k % 32) / 2) * 32 + (t % 16) * 2 + k % 2;
-            panel[at] = t < m ? f32_to_bf16(x[t * cols + k]) : 0;
+#if defined(KT_AMX_BUILD)
+    /* a block is 16 tokens' 32 columns as bf16 pairs: a 16 x 16 transpose of dwords */
+    int64_t n_tb = (m + 15) / 16, n_kc = cols / 32;
+    for (int64_t tb = 0; tb < n_tb; tb++)
+        for (int64_t kc = 0; kc < n_kc; kc++) {
+            __m512 r[16];
+            for (int t = 0; t < 16; t++) {
+                int64_t tok = tb * 16 + t;
+                const float *src = x + tok * cols + kc * 32;
+                r[t] = tok < m ? _mm512_castsi512_ps((__m512i)_mm512_cvtne2ps_pbh(
+                                     _mm512_loadu_ps(src + 16), _mm512_loadu_ps(src)))
+                               : _mm512_setzero_ps();
+            }
+            transpose16_ps(r);
+            uint16_t *block = panel + (tb * n_kc + kc) * 512;
+            for (int p = 0; p < 16; p++)
+                _mm512_storeu_ps((float *)(block + p * 32), r[p]);
         }
+#else
+    (void)panel;
+    (void)x;
+    (void)m;
+    (void)cols;
+#endif
 }
 
 /* int8 panels, one per 32-column block b: (token t, column k) at

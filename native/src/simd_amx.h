@@ -25,7 +25,8 @@
  *   acc[i] += min[i][g] * groupsum[g]                            per group, asymmetric W
  *   out[t][i] = acc[i][t]
  *
- * Tiles: 0 = C, 1 = A, 2 = B. Configuration (palette 1, 64-byte struct) is
+ * Tiles: 0-3 = C, 4-5 = A, 6-7 = B (BF16 runs 2 x 2 blocks of 16 rows and 16 tokens;
+ * I8 one block, C 0, A 4, B 6). Configuration (palette 1, 64-byte struct) is
  * loaded per call on the calling thread, per format, and released at the end.
  */
 #ifndef KT_SIMD_AMX_H
@@ -35,6 +36,7 @@
 #if defined(KT_AMX_BUILD)
 #include <immintrin.h>
 #include <string.h>
+#include "simd_transpose.h"
 
 #define KT_HAVE_AMX 1
 #define AMX_ROWS 16
@@ -56,62 +58,105 @@ struct amx_tilecfg {
     uint8_t rows[16];       /* rows of tile i */
 };
 
-/* C 16 x 64 bytes; A 16 rows x a_bytes; B b_rows x 64 bytes */
+/* Tiles 0-3 = C (16 x 64 bytes), 4-5 = A (16 rows x a_bytes), 6-7 = B (b_rows x 64 bytes). */
 static void amx_configure(int a_bytes, int b_rows)
 {
     struct amx_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette_id = 1;
-    cfg.colsb[0] = 64;
-    cfg.rows[0] = 16;
-    cfg.colsb[1] = (uint16_t)a_bytes;
-    cfg.rows[1] = 16;
-    cfg.colsb[2] = 64;
-    cfg.rows[2] = (uint8_t)b_rows;
+    for (int t = 0; t < 4; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    for (int t = 4; t < 6; t++) {
+        cfg.colsb[t] = (uint16_t)a_bytes;
+        cfg.rows[t] = 16;
+    }
+    for (int t = 6; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = (uint8_t)b_rows;
+    }
     _tile_loadconfig(&cfg);
 }
 
-/* C tile (16 x 16, f32 or int32) -> out[t * ldo + i] for tokens t < n_tok. */
-static void amx_store_f32(float *out, int64_t ldo, const float c[16][16], int n_tok)
+/* 16 registers r[i] = weight row i's values for 16 tokens -> out[t * ldo + i], t < n_tok. */
+static inline void amx_store_rows(float *out, int64_t ldo, __m512 r[16], int64_t n_tok)
 {
-    for (int t = 0; t < n_tok; t++)
-        for (int i = 0; i < AMX_ROWS; i++)
-            out[t * ldo + i] = c[i][t];
+    transpose16_ps(r);
+    for (int64_t t = 0; t < n_tok && t < 16; t++)
+        _mm512_storeu_ps(out + t * ldo, r[t]);
 }
 
-/* BF16: 16 rows starting at `row` against token block tb (all of K). */
-static void amx_bf16_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t row,
-                          const kt_acts *a, int64_t tb)
+/* A stored C tile (16 rows x 16 tokens, f32) -> out, as amx_store_rows. */
+static inline void amx_store_c(float *out, int64_t ldo, const float c[16][16], int64_t n_tok)
 {
-    int64_t cols = w->cols, n_kc = cols / 32;
-    const uint16_t *wrow = (const uint16_t *)w->data + row * cols;
-    const uint16_t *panel = a->amx_bf16 + tb * n_kc * 512;
+    __m512 r[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_load_ps(c[i]);
+    amx_store_rows(out, ldo, r, n_tok);
+}
+
+/* BF16: C += A . B over all of K for up to 2 row blocks (rows, rows + 16) and 2 token
+ * blocks (tb, tb + 1): four independent accumulators, so the tile multiplies overlap
+ * instead of waiting on one C, and each A and B tile load serves two of them. */
+static void amx_bf16_block(float *out, int64_t ldo, const kt_matrix *w, int64_t row, int two_rows,
+                           const kt_acts *a, int64_t tb, int two_tbs)
+{
+    int64_t cols = w->cols, n_kc = cols / 32, stride = cols * 2;
+    const uint16_t *w0 = (const uint16_t *)w->data + row * cols, *w1 = w0 + 16 * cols;
+    const uint16_t *p0 = a->amx_bf16 + tb * n_kc * 512, *p1 = p0 + n_kc * 512;
     float c[16][16] __attribute__((aligned(64)));
     _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
     for (int64_t kc = 0; kc < n_kc; kc++) {
-        amx_load(1, wrow + kc * 32, cols * 2);
-        amx_load(2, panel + kc * 512, 64);
-        _tile_dpbf16ps(0, 1, 2);
+        amx_load(4, w0 + kc * 32, stride);
+        amx_load(6, p0 + kc * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (two_tbs) {
+            amx_load(7, p1 + kc * 512, 64);
+            _tile_dpbf16ps(1, 4, 7);
+        }
+        if (two_rows) {
+            amx_load(5, w1 + kc * 32, stride);
+            _tile_dpbf16ps(2, 5, 6);
+            if (two_tbs)
+                _tile_dpbf16ps(3, 5, 7);
+        }
     }
-    _tile_stored(0, c, 64);
     int64_t left = a->m - tb * 16;
-    amx_store_f32(out + tb * 16 * ldo, ldo, (const float (*)[16])c, left < 16 ? (int)left : 16);
+    float *o = out + tb * 16 * ldo;
+    _tile_stored(0, c, 64);
+    amx_store_c(o, ldo, c, left);
+    if (two_tbs) {
+        _tile_stored(1, c, 64);
+        amx_store_c(o + 16 * ldo, ldo, c, left - 16);
+    }
+    if (two_rows) {
+        _tile_stored(2, c, 64);
+        amx_store_c(o + 16, ldo, c, left);
+        if (two_tbs) {
+            _tile_stored(3, c, 64);
+            amx_store_c(o + 16 * ldo + 16, ldo, c, left - 16);
+        }
+    }
 }
 
-/* Tile 1 = columns [32 b, 32 b + 32) of the 16 I8 rows from `row`: loaded in
+/* Tile 4 = columns [32 b, 32 b + 32) of the 16 I8 rows from `row`: loaded in
  * place from the rows layout (row stride cols); the tiled layout (kt.h) has no
  * single stride across 16 rows, so those 16 x 32 bytes are gathered first. */
 static inline void load_i8_rows_tile(const kt_matrix *w, int64_t row, int64_t b)
 {
     if (w->layout != KT_LAYOUT_TILES) {
-        amx_load(1, (const int8_t *)w->data + row * w->cols + b * 32, w->cols);
+        amx_load(4, (const int8_t *)w->data + row * w->cols + b * 32, w->cols);
         return;
     }
     int8_t rows[AMX_ROWS][32] __attribute__((aligned(64)));
     int64_t stride = kt_chunk_stride(w);
     for (int i = 0; i < AMX_ROWS; i++)
         memcpy(rows[i], kt_code_at(kt_row_start(w, row + i), stride, b * 32), 32);
-    amx_load(1, rows, 32);
+    amx_load(4, rows, 32);
 }
 
 /* I8 (group % 32 == 0): 16 rows starting at `row` against token block tb. */
@@ -130,8 +175,8 @@ static void amx_i8_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t row
         int64_t g = b * 32 / w->group;
         _tile_zero(0);
         load_i8_rows_tile(w, row, b);
-        amx_load(2, panel + b * 512, 64);
-        _tile_dpbssd(0, 1, 2);
+        amx_load(6, panel + b * 512, 64);
+        _tile_dpbssd(0, 4, 6);
         _tile_stored(0, c, 64);
         __m512 sab = _mm512_loadu_ps(sa + b * 16);
         for (int i = 0; i < AMX_ROWS; i++) {
@@ -145,11 +190,7 @@ static void amx_i8_tile(float *out, int64_t ldo, const kt_matrix *w, int64_t row
         for (int i = 0; i < AMX_ROWS; i++)
             acc[i] = _mm512_fmadd_ps(gs, _mm512_set1_ps(w->min[(row + i) * n_groups + g]), acc[i]);
     }
-    float res[16][16] __attribute__((aligned(64)));
-    for (int i = 0; i < AMX_ROWS; i++)
-        _mm512_store_ps(res[i], acc[i]);
-    int64_t left = a->m - tb * 16;
-    amx_store_f32(out + tb * 16 * ldo, ldo, (const float (*)[16])res, left < 16 ? (int)left : 16);
+    amx_store_rows(out + tb * 16 * ldo, ldo, acc, a->m - tb * 16);
 }
 
 /* Rows [b0, b1) (b1 - b0 a multiple of 16) of W, all tokens; out column 0 is row r0. */
@@ -161,13 +202,14 @@ static void amx_rows(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, in
         amx_configure(64, 16);
     else
         amx_configure(32, 8);
-    for (int64_t r = b0; r < b1; r += AMX_ROWS) {
-        for (int64_t tb = 0; tb < n_tb; tb++) {
-            if (w->format == KT_BF16)
-                amx_bf16_tile(out + (r - r0), ldo, w, r, a, tb);
-            else
+    if (w->format == KT_BF16) {
+        for (int64_t r = b0; r < b1; r += 2 * AMX_ROWS)
+            for (int64_t tb = 0; tb < n_tb; tb += 2)
+                amx_bf16_block(out + (r - r0), ldo, w, r, b1 - r >= 2 * AMX_ROWS, a, tb, n_tb - tb >= 2);
+    } else {
+        for (int64_t r = b0; r < b1; r += AMX_ROWS)
+            for (int64_t tb = 0; tb < n_tb; tb++)
                 amx_i8_tile(out + (r - r0), ldo, w, r, a, tb);
-        }
     }
     _tile_release();
 }
