@@ -43,7 +43,7 @@ int kt_pool_threads(const kt_pool *pool);
  * decode kernels). 0 sleeps at once: for stretches where other threads, such as
  * torch's, run between kt's kernels and need the cores. At most 2^24. */
 int kt_pool_set_spin(kt_pool *pool, int32_t rounds);
-/* Lets kernels on this pool use the AMX tile path (BF16/I8 weights, >= 16 tokens);
+/* Lets kernels on this pool use the AMX tile path (BF16 weights from 4 tokens, I8 from 16);
  * off in a new pool (kt's Python pools turn it on for the amx variant). Requests the
  * OS permission for the tile state when enabling. Call while no job runs.
  * Enabling is KT_EUNSUPPORTED on builds other than amx, or when the OS refuses

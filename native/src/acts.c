@@ -31,9 +31,11 @@ static int uses_bf16_acts(int32_t format)
 static int uses_amx(const kt_matrix *w, int64_t m, int amx_tiles)
 {
 #if defined(KT_AMX_BUILD)
-    if (!amx_tiles || m < KT_AMX_MIN_TOKENS || w->layout == KT_LAYOUT_ROW8)
+    if (!amx_tiles || w->layout == KT_LAYOUT_ROW8)
         return 0;
-    return (w->format == KT_BF16 && w->cols % 32 == 0) || (w->format == KT_I8 && w->group % 32 == 0);
+    if (w->format == KT_BF16)
+        return m >= KT_AMX_MIN_TOKENS_BF16 && w->cols % 32 == 0;
+    return w->format == KT_I8 && m >= KT_AMX_MIN_TOKENS_I8 && w->group % 32 == 0;
 #else
     (void)w;
     (void)m;

@@ -111,7 +111,7 @@ typedef struct kt_acts {
     int16_t *q16;          /* [m, cols] or NULL (KT_ACTS_INT16) */
     float *q_scale;        /* [m, n_blocks], n_blocks = ceil(cols / 32) */
     float *q_group_sum;    /* [m, cols / group] */
-    /* amx variant, AMX tiles enabled on the pool and m >= KT_AMX_MIN_TOKENS: the
+    /* amx variant, AMX tiles enabled on the pool and m >= KT_AMX_MIN_TOKENS_*: the
      * same tokens in AMX B-tile panels (layout in simd_amx.h), padded with zero
      * tokens to a multiple of 16; else NULL */
     uint16_t *amx_bf16;    /* BF16: [m16/16][cols/32][16][16][2] */
@@ -120,8 +120,12 @@ typedef struct kt_acts {
     float *amx_scale;      /* I8:   [m16/16][cols/32][16] q_scale, transposed */
 } kt_acts;
 
-/* Token count from which kt_acts_prepare lays out AMX panels (amx variant). */
-#define KT_AMX_MIN_TOKENS 16
+/* Token counts from which kt_acts_prepare lays out AMX panels (amx variant). BF16: one
+ * 32768 x 2048 matrix from DRAM on a 2-core Sapphire Rapids-class guest ran 1.0x the
+ * AVX512-BF16 kernel at 1-4 tokens, 1.5x at 6, 2.4x at 16. I8 flushes its C tile every
+ * 32 columns (one activation scale per 32), which pays at 16. */
+#define KT_AMX_MIN_TOKENS_BF16 4
+#define KT_AMX_MIN_TOKENS_I8 16
 
 /* The exact path's prefill GEMM (gemm.c): builds with AVX2 and FMA, from
  * KT_GEMM_MIN_TOKENS tokens. KT_GEMM_TOKENS = its token tile. */

@@ -1,7 +1,7 @@
 /* simd_amx.h: AMX tile kernels for BF16 and I8 weights (amx variant only),
  * included by linear.c. Used for full 16-row blocks of W when the activations
  * were prepared in AMX panels (kt_acts.amx_*: AMX tiles enabled on the pool,
- * m >= KT_AMX_MIN_TOKENS); the AVX-512 kernels do everything else.
+ * m >= KT_AMX_MIN_TOKENS_*); the AVX-512 kernels do everything else.
  * Off unless kt_pool_set_amx_tiles enabled it (Python pools of the amx
  * variant do, unless KT_AMX_TILES=0).
  *

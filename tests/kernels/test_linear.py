@@ -234,7 +234,7 @@ def tile_linear(request, variant, ops):
     return lambda x, w: linear_on(pool, x, w)
 
 
-@pytest.mark.parametrize("m", [16, 37])
+@pytest.mark.parametrize("m", [5, 16, 37])
 @pytest.mark.parametrize("fmt, group, symmetric, tiled", [
     (Format.BF16, 0, True, False), (Format.I8, 32, True, False), (Format.I8, 64, True, False),
     (Format.I8, 128, False, False), (Format.I4, 128, False, False),
