@@ -263,6 +263,18 @@ static uint16_t f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* dst[i] = x[i] rounded to bf16 (nearest even), 16 at a time where the ISA converts */
+static void to_bf16(uint16_t *dst, const float *x, int64_t n)
+{
+    int64_t i = 0;
+#if defined(__AVX512BF16__)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+#endif
+    for (; i < n; i++)
+        dst[i] = f32_to_bf16(x[i]);
+}
+
 /* BF16 panels: element (token t, column k) of block (tb, kc) sits at
  * [tb][kc][k/2 % 16][t % 16][k % 2] (see simd_amx.h); padding tokens are 0. */
 static void amx_fill_bf16(uint16_t *panel, const float *x, int64_t m, int64_t cols)
@@ -356,8 +368,7 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
             amx_fill_i8(acts, panels, m, w->cols, w->group);
     } else if (uses_bf16_acts(w->format)) {
         acts->bf16 = scratch;
-        for (int64_t i = 0; i < m * w->cols; i++)
-            acts->bf16[i] = f32_to_bf16(x[i]);
+        to_bf16(acts->bf16, x, m * w->cols);
         if (uses_amx(w, m, amx_tiles)) {
             acts->amx_bf16 = (uint16_t *)panels;
             amx_fill_bf16(acts->amx_bf16, x, m, w->cols);
