@@ -20,7 +20,10 @@ cycles through: one fixed routing would keep decode's few experts (21 MB for
 Qwen3-30B-A3B INT4 at T=1) in a 32 MB L3 and time the cache, not the memory. Columns:
   kt ms       one kt_moe_forward call (median of the timed calls)
   GB/s        bytes of the distinct experts touched / time (weights + scales)
-  %bw         that, as a share of the probed read bandwidth
+  bw          the read bandwidth probe (the one `kt doctor` runs), taken just before and
+              just after the row's calls, the mean of the two: a shared machine's
+              bandwidth drifts by a third within minutes, so each row gets its own ceiling
+  %bw         GB/s as a share of bw
   GOP/s       2 * 3 * hidden * inter * (valid token-expert pairs) / time
   torch ms    the same layer (same shape, T and routing) as per-expert torch
               matmuls in --torch-dtype, measured once per shape
@@ -185,6 +188,7 @@ class Row:
     touched_bytes: int
     pairs: int
     torch_s: float | None
+    bw: float = 0.0             # GB/s probed beside this row's calls
 
 
 def inputs(shape: Shape, T: int, draw: int = 0):
@@ -214,29 +218,31 @@ def torch_baseline(shape_name: str, shape: Shape, tokens, args) -> dict[int, flo
 
 
 def measure(shape_name: str, shape: Shape, name: str, moe: MoEExperts, T: int, args,
-            baseline: dict[int, float]) -> Row:
+            baseline: dict[int, float], ops: Ops) -> Row:
     calls = draws(shape, T)
+    bw_before = ops.membw_read_gbps()
     kt_s = time_call(lambda i: moe.forward(*calls[i % DRAWS]), args.min_time, args.max_reps)
+    bw = (bw_before + ops.membw_read_gbps()) / 2
     touched = statistics.mean(len(ids.unique()) for _, ids, _ in calls) * expert_bytes(shape, name)
-    return Row(shape_name, name, T, kt_s, touched, int((calls[0][1] >= 0).sum()), baseline.get(T))
+    return Row(shape_name, name, T, kt_s, touched, int((calls[0][1] >= 0).sum()), baseline.get(T), bw)
 
 
 # ---- report -------------------------------------------------------------------------------
 
-HEADER = (f"{'shape':<14} {'fmt':<13} {'T':>5} {'kt ms':>9} {'GB/s':>7} {'%bw':>5} {'GOP/s':>7} "
+HEADER = (f"{'shape':<14} {'fmt':<13} {'T':>5} {'kt ms':>9} {'GB/s':>7} {'bw':>5} {'%bw':>5} {'GOP/s':>7} "
           f"{'torch ms':>9} {'speedup':>8}")
 
 
-def format_row(r: Row, shape: Shape, bw: float) -> str:
+def format_row(r: Row, shape: Shape) -> str:
     gbs = r.touched_bytes / r.kt_s / 1e9
     gops = 2 * 3 * shape.hidden * shape.inter * r.pairs / r.kt_s / 1e9
     torch_ms = f"{r.torch_s * 1e3:9.2f}" if r.torch_s else f"{'n/a':>9}"
     speedup = f"{r.torch_s / r.kt_s:7.2f}x" if r.torch_s else f"{'':>8}"
-    return (f"{r.shape:<14} {r.fmt:<13} {r.T:>5} {r.kt_s * 1e3:9.2f} {gbs:7.2f} {100 * gbs / bw:4.0f}% "
+    return (f"{r.shape:<14} {r.fmt:<13} {r.T:>5} {r.kt_s * 1e3:9.2f} {gbs:7.2f} {r.bw:5.1f} {100 * gbs / r.bw:4.0f}% "
             f"{gops:7.1f} {torch_ms} {speedup}")
 
 
-def run_shape(shape_name: str, args, ops: Ops, bw: float) -> None:
+def run_shape(shape_name: str, args, ops: Ops) -> None:
     shape = SHAPES[shape_name]
     tokens = args.tokens or shape.default_tokens
     baseline = torch_baseline(shape_name, shape, tokens, args)
@@ -251,19 +257,19 @@ def run_shape(shape_name: str, args, ops: Ops, bw: float) -> None:
         if args.layouts and FORMATS[name].format == Format.I4:
             layouts[f"{name}/tiled"] = MoEExperts(*weights, ops=ops, row8=False)
         for T in tokens:
-            for row in measure_layouts(shape_name, shape, layouts, T, args, baseline):
-                print(format_row(row, shape, bw), flush=True)
+            for row in measure_layouts(shape_name, shape, layouts, T, args, baseline, ops):
+                print(format_row(row, shape), flush=True)
         del layouts, weights
 
 
 def measure_layouts(shape_name: str, shape: Shape, layouts: dict[str, MoEExperts], T: int, args,
-                    baseline: dict[int, float]) -> list[Row]:
+                    baseline: dict[int, float], ops: Ops) -> list[Row]:
     """One row per layout; with several, the fastest of ROUNDS alternations each."""
     rounds = ROUNDS if len(layouts) > 1 else 1
     best: dict[str, Row] = {}
     for _ in range(rounds):
         for label, moe in layouts.items():
-            row = replace(measure(shape_name, shape, label.split("/")[0], moe, T, args, baseline), fmt=label)
+            row = replace(measure(shape_name, shape, label.split("/")[0], moe, T, args, baseline, ops), fmt=label)
             if label not in best or row.kt_s < best[label].kt_s:
                 best[label] = row
     return list(best.values())
@@ -289,13 +295,12 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     ops = Ops(kernels.load(), threads=args.threads)
-    bw = ops.membw_read_gbps()
-    print(f"kt variant {ops.kernels.variant}, {args.threads} threads; memory read bandwidth {bw:.1f} GB/s; "
+    print(f"kt variant {ops.kernels.variant}, {args.threads} threads; memory read bandwidth probed per row; "
           f"torch {torch.__version__} in {args.torch_dtype} on {args.torch_threads or args.threads} threads; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(HEADER)
     for shape_name in args.shapes:
-        run_shape(shape_name, args, ops, bw)
+        run_shape(shape_name, args, ops)
 
 
 if __name__ == "__main__":
