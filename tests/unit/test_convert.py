@@ -304,6 +304,21 @@ def test_peak_memory_stays_within_two_layers_of_baseline(big, tmp_path):
     assert model_bytes > 6 * LAYER_BYTES * 2 and peak < budget
 
 
+def test_reported_peak_is_the_converters_own_not_its_parents(small, tmp_path):
+    """A parent that once held 1.5 GB starts the converter: Linux carries ru_maxrss over
+    fork and exec, so a peak taken from it would read >= 1.5 GB for a conversion that
+    never came near that; the fresh-wrapper measure above is the independent figure."""
+    held = 1_500_000_000
+    code = ("import json, subprocess, sys; x = bytearray(%d); x[::4096] = b'1' * len(x[::4096]); "
+            "r = subprocess.run(sys.argv[1:], capture_output=True, text=True, check=True); "
+            "print(json.loads(r.stdout)['peak_rss_bytes'])" % held)
+    out = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "kt_weights.convert", str(small),
+                          str(tmp_path / "out"), "--to", "int8", "--json"], capture_output=True, text=True, check=True)
+    reported = int(out.stdout.strip())
+    independent = peak_rss_of(small, tmp_path / "out2", "--to", "int8")
+    assert reported < held / 2 and abs(reported - independent) < 0.25 * independent
+
+
 @pytest.mark.slow
 def test_kill_and_resume_gives_identical_files(big, tmp_path):
     full = tmp_path / "full"
