@@ -1,6 +1,9 @@
 /* simd_row8_pair.h: the 16-row form of the 8-row kernel (simd_row8.h) on
- * AVX512-VNNI, two 8-row groups at a time, included by row8.c only: INT4 prefill,
- * and INT8 at every token count (kt.h KT_LAYOUT_ROW8 for I8).
+ * AVX-512, two 8-row groups at a time, included by row8.c only: INT4 prefill, and
+ * with AVX512-VNNI also INT8 at every token count (kt.h KT_LAYOUT_ROW8 for I8).
+ * Without VNNI (AVX512BW only) the INT4 block sums run as the AVX2 8-row kernel's do,
+ * vpmaddubsw into int16 and one vpmaddwd a block (bound: simd_row8.h); I8 stays on the
+ * row kernels there, since its flipped codes (up to 255) would saturate int16 pair sums.
  *
  * One 512-bit register holds the same 32-byte load of groups G (low half) and
  * G + 1 (high half): 4 bytes of each of 16 rows. A token's 4 activation bytes
@@ -19,8 +22,11 @@
 
 #include "simd_row8.h"
 
-#if defined(KT_ROW8_KERNEL) && defined(__AVX512F__) && defined(__AVX512VNNI__)
+#if defined(KT_ROW8_KERNEL) && defined(__AVX512F__) && defined(__AVX512BW__)
 #define KT_ROW8_PAIR_KERNEL 1
+#if defined(__AVX512VNNI__)
+#define KT_ROW8_PAIR_I8 1
+#endif
 
 /* INT4 from PAIR_MIN_TOKENS rows of activations on (its decode keeps the 8-row form, tuned
  * for streaming); I8_BLOCK_BYTES: one 32-column block of 8 I8 rows */
@@ -45,6 +51,7 @@ KT_INLINE __m512 load_scales_pair(const char *p0, const char *p1, int half)
     return _mm512_castpd_ps(_mm512_insertf64x4(low, _mm256_loadu_pd((const double *)p1), 1));
 }
 
+#if defined(KT_ROW8_PAIR_I8)
 /* acc + u (unsigned bytes) . the 4 signed bytes at p in every lane, the broadcast folded into
  * vpdpbusd's memory operand ({1to16}); GCC 12 does not fold _mm512_set1_epi32 there and
  * spends a vpbroadcastd on each */
@@ -53,6 +60,15 @@ KT_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i u, const int8_t *p)
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
     return acc;
 }
+#else
+/* int16 pair sums of u (unsigned bytes) with the 4 signed bytes at p in every lane */
+KT_INLINE __m512i maddubs_bcast(__m512i u, const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_maddubs_epi16(u, _mm512_set1_epi32(v));
+}
+#endif
 
 /* The int32 dots of one block's 16 rows with TT tokens' activations (qb: token 0's piece)
  * at b0 (rows 0-7) and b1 (rows 8-15), two chains a token. INT4: the low and high nibbles of
@@ -60,6 +76,7 @@ KT_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i u, const int8_t *p)
 KT_INLINE void pair_block_dots(__m512i dot[PAIR_TOKENS], const uint8_t *b0, const uint8_t *b1, const int8_t *qb,
                                int64_t cols, const int is_i8, const int TT)
 {
+#if defined(KT_ROW8_PAIR_I8)
     __m512i hi_dot[PAIR_TOKENS];
     for (int t = 0; t < TT; t++)
         dot[t] = hi_dot[t] = _mm512_setzero_si512();
@@ -88,6 +105,22 @@ KT_INLINE void pair_block_dots(__m512i dot[PAIR_TOKENS], const uint8_t *b0, cons
     }
     for (int t = 0; t < TT; t++)
         dot[t] = _mm512_add_epi32(dot[t], hi_dot[t]);
+#else
+    (void)is_i8;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    for (int t = 0; t < TT; t++)
+        dot[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; j++) {
+        const __m512i v = load_pair(b0 + 32 * j, b1 + 32 * j);
+        const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+        for (int t = 0; t < TT; t++) {
+            const int8_t *q = qb + t * cols + 4 * j;
+            dot[t] = _mm512_add_epi16(dot[t], _mm512_add_epi16(maddubs_bcast(lo, q), maddubs_bcast(hi, q + 32)));
+        }
+    }
+    for (int t = 0; t < TT; t++)
+        dot[t] = _mm512_madd_epi16(dot[t], _mm512_set1_epi16(1));
+#endif
 }
 
 /* Where a token tile of a pair prefetches: the first streams its own codes ROW8_AHEAD bytes
@@ -161,6 +194,7 @@ KT_INLINE void row8_pair(float *out, int64_t ldo, const kt_matrix *w, int64_t G,
         _mm512_mask_storeu_ps(out + t * ldo, same ? (__mmask16)0x00FF : (__mmask16)0xFFFF, acc[t]);
 }
 
+#if defined(KT_ROW8_PAIR_I8)
 /* acc + u . the 4 signed bytes at p in every lane of 8 (dpbusd_bcast, 256 bits) */
 KT_INLINE __m256i dpbusd_bcast8(__m256i acc, __m256i u, const int8_t *p)
 {
@@ -208,6 +242,7 @@ KT_INLINE void row8_i8_group(float *out, int64_t ldo, const kt_matrix *w, int64_
     for (int t = 0; t < TT; t++)
         _mm256_storeu_ps(out + t * ldo, acc[t]);
 }
+#endif
 
 /* The prefetch plan of token tile `tile` of `tiles` over pair G (pair_prefetch) */
 KT_INLINE pair_prefetch pair_plan(const kt_matrix *w, int64_t G, int64_t r1, int64_t tile, int64_t tiles)
@@ -245,6 +280,7 @@ KT_INLINE void row8_pair_chunk(float *out, int64_t ldo, const kt_matrix *w, int6
 {
     const int64_t tiles = (c1 - c0 + PAIR_TOKENS - 1) / PAIR_TOKENS;
     int64_t G = r0 / 8;
+#if defined(KT_ROW8_PAIR_I8)
     if (is_i8 && c1 - c0 <= 2) {
         for (; G < r1 / 8; G++) {
             if (c1 - c0 == 1)
@@ -254,6 +290,7 @@ KT_INLINE void row8_pair_chunk(float *out, int64_t ldo, const kt_matrix *w, int6
         }
         return;
     }
+#endif
     for (; G + 1 < r1 / 8; G += 2)
         for (int64_t t0 = c0, tile = 0; t0 < c1; t0 += PAIR_TOKENS, tile++) {
             const pair_prefetch pf = pair_plan(w, G, r1, tile, tiles);
@@ -271,17 +308,19 @@ KT_INLINE void row8_pair_chunk(float *out, int64_t ldo, const kt_matrix *w, int6
 }
 
 /* Every token, in chunks of ROW8_CHUNK, as row8_rows_i4: INT4 (from PAIR_MIN_TOKENS rows of
- * activations) or I8 rows */
+ * activations) or, with VNNI, I8 rows */
 static inline void row8_pair_rows(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
                                   const kt_acts *a)
 {
-    const int is_i8 = w->format == KT_I8;
     for (int64_t c0 = 0; c0 < a->m; c0 += ROW8_CHUNK) {
         const int64_t c1 = c0 + ROW8_CHUNK < a->m ? c0 + ROW8_CHUNK : a->m;
-        if (is_i8)
+#if defined(KT_ROW8_PAIR_I8)
+        if (w->format == KT_I8) {
             row8_pair_chunk(out, ldo, w, r0, r1, a, c0, c1, 1);
-        else
-            row8_pair_chunk(out, ldo, w, r0, r1, a, c0, c1, 0);
+            continue;
+        }
+#endif
+        row8_pair_chunk(out, ldo, w, r0, r1, a, c0, c1, 0);
     }
 }
 

@@ -115,9 +115,9 @@ def test_linear_on_row8_weights_past_a_token_chunk(ops, rows, cols, group, scale
 
 
 def test_decode_layout_picks_row8_where_the_kernel_is(ops):
-    """kt.h kt_row8_kernels: INT4 on every SIMD build, its prefill form and I8 on the
-    AVX512-VNNI ones, amx included"""
-    bits = {"generic": 0, "avx2": 1, "avx512": 1}.get(ops.kernels.variant, 7)
+    """kt.h kt_row8_kernels: INT4 on every SIMD build, its prefill form on the AVX-512
+    ones, I8 on the AVX512-VNNI ones, amx included"""
+    bits = {"generic": 0, "avx2": 1, "avx512": 3}.get(ops.kernels.variant, 7)
     assert ops.kernels.lib.kt_row8_kernel() == bits
     w = quantize_reference(_randn(16, 128, seed=5), Format.I4, 32)
     assert decode_layout(w, ops.pool).row8 == bool(bits & 1)
