@@ -130,9 +130,9 @@ enum kt_row8 { KT_ROW8_ROWS = 8 };
 /* Which ROW8 matrices this build runs on its 8-row kernel, as bits; the others go
  * through a copy into the row layout (correct, slower):
  *   KT_ROW8_I4          INT4 with int8 activations (plain or int16 split into pairs)
- *   KT_ROW8_I4_PREFILL  and the 16-row AVX512-VNNI form from 3 rows of activations on
- *                       (two 8-row groups a 512-bit register), where int16 activations
- *                       run faster than the float GEMM
+ *   KT_ROW8_I4_PREFILL  and the 16-row AVX-512 form from 3 rows of activations on
+ *                       (two 8-row groups a 512-bit register; vpdpbusd with VNNI,
+ *                       vpmaddubsw into int16 on AVX512BW alone)
  *   KT_ROW8_I8          I8 on the 16-row form at any token count (AVX512-VNNI builds;
  *                       on amx too: it ran one MoE layer's I8 prefill 1.8x faster than
  *                       the AMX tiles, which keep I8 matrices ROW8 cannot hold) */

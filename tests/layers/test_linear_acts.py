@@ -62,11 +62,13 @@ def test_decode_activations_follow_the_weights(fmt, acts, levels, m):
 def test_prefill_takes_int16_where_the_16_row_kernel_is(fmt, form):
     """int16 (as int8 pairs, SPLIT_MAX levels) for ROW8 matrices on builds whose 8-row kernel
     runs them in its VNNI 16-row form (kt.h kt_row8_kernels: KT_ROW8_I4_PREFILL for INT4,
-    KT_ROW8_I8 for I8), float32 elsewhere; either within f32 rounding of its own reference."""
+    KT_ROW8_I8 for I8; the AVX512BW-only builds have the INT4 form without VNNI and keep
+    float32), float32 elsewhere; either within f32 rounding of its own reference."""
     linear, w = layer_of(fmt)
     x = torch.randn(GEMM_MIN_TOKENS + 3, w.shape[1], generator=torch.Generator().manual_seed(5))
     lib = ops.pool().kernels.lib
-    has_form = linear.qweight.row8 and bool(lib.kt_row8_kernel() & getattr(lib, form))
+    vnni_form = bool(lib.kt_row8_kernel() & lib.KT_ROW8_I8)     # the AVX512BW-only form keeps the GEMM
+    has_form = linear.qweight.row8 and vnni_form and bool(lib.kt_row8_kernel() & getattr(lib, form))
     assert linear.prefill_acts == ("int16" if has_form else "f32")
     assert dense_acts(x.shape[0], linear.decode_acts, linear.prefill_acts) == linear.prefill_acts
     reference = acts_reference(x, SPLIT_MAX) if has_form else x
