@@ -23,14 +23,12 @@ in the 8-row layout ("-row8", KT_LAYOUT_ROW8, what I4 loads as where the kernels
 
 import argparse
 import dataclasses
-import importlib.util
 import time
 
 import kt_cli  # noqa: F401  before torch: it sets GOMP_SPINCOUNT, which libgomp reads as torch loads
 import torch
 
 from kt_cli import hardware, kernels
-from kt_cli.kernels import Kernels
 from kt_cli.ops import Ops, kernel_layout
 from kt_weights.layout import Format, QMatrix, can_row8, quantize_reference, to_row8
 
@@ -71,14 +69,6 @@ def time_ms(fns: list, args: list, repeats: int) -> list[float]:
     return [sorted(ts)[len(ts) // 2] * 1e3 for ts in times]
 
 
-def load_baseline(path: str, variant: str) -> Kernels:
-    """A saved build of `variant` (same module name, another file), loaded beside the installed one."""
-    spec = importlib.util.spec_from_file_location(kernels.module_name(kernels.by_name(variant)), path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return Kernels(variant, f"baseline {path}", module.ffi, module.lib)
-
-
 def row(name: str, m: int, rows: int, cols: int, ms: float, nbytes: int, bw: float) -> str:
     gbps, gflops = nbytes / ms / 1e6, 2 * m * rows * cols / ms / 1e6
     return (f"{name:10s} {rows:5d}x{cols:<5d} m={m:<4d} {ms:8.3f} ms {gbps:7.2f} GB/s "
@@ -100,7 +90,7 @@ def main() -> None:
     ops = Ops(loaded, args.threads or hardware.default_threads())
     variants = [("", ops)]
     if args.baseline:
-        variants.append(("@base", Ops(load_baseline(args.baseline, loaded.variant), ops.threads)))
+        variants.append(("@base", Ops(kernels.load_file(args.baseline, loaded.variant), ops.threads)))
     torch.set_num_threads(ops.threads)
     bw = ops.membw_read_gbps()
     print(f"variant {loaded.variant}, {ops.threads} threads, membw probe {bw:.2f} GB/s")

@@ -6,10 +6,13 @@ machine (the probe `kt doctor` uses) as the ceiling for decode.
     python bench/moe_layer.py --shapes deepseek-v3 --tokens 1 8 128 --formats i4_g128
     python bench/moe_layer.py --threads 4 --min-time 1.0
     python bench/moe_layer.py --layouts --formats i4_g32 i4_g128 --tokens 1 8   # row8 vs tiled
+    python bench/moe_layer.py --baseline OLD.so --formats q4_0 --tokens 128 512  # a kernel change
 
---layouts times each I4 format twice, in its default layout (row8 where the kernels
-have the 8-row kernel) and tiled (fmt name + "/tiled"), alternating the two ROUNDS
-times and keeping each one's fastest round, so both see the same load.
+--layouts times each I4 and I8 format twice, in its default layout (row8 where the
+kernels have the 8-row kernel) and tiled (fmt name + "/tiled"), alternating the two ROUNDS
+times and keeping each one's fastest round, so both see the same load. --baseline OLD.so
+does the same with a saved copy of the loaded variant's library (the .so from before a
+kernel change), its rows marked "@base".
 
 Weights are random codes (the kernels' speed does not depend on the values); i4_* have
 a min per group and float32 scales, as kt's own quantizer makes them; q4_0 is a GGUF
@@ -46,7 +49,8 @@ from kt_cli.ops.moe import MoEExperts
 from kt_weights.layout import Format, QMatrix
 
 RAM_SHARE = 0.7
-ROUNDS = 3          # --layouts: alternations of the two layouts
+ROUNDS = 3          # --layouts, --baseline: alternations of the layouts or builds
+POOL_SETTLE_S = 0.05  # between them: the other pool's spinning workers go to sleep
 DRAWS = 16          # routings a row's timed calls cycle through
 
 
@@ -242,7 +246,7 @@ def format_row(r: Row, shape: Shape) -> str:
             f"{gops:7.1f} {torch_ms} {speedup}")
 
 
-def run_shape(shape_name: str, args, ops: Ops) -> None:
+def run_shape(shape_name: str, args, ops: Ops, base_ops: Ops | None) -> None:
     shape = SHAPES[shape_name]
     tokens = args.tokens or shape.default_tokens
     baseline = torch_baseline(shape_name, shape, tokens, args)
@@ -254,8 +258,10 @@ def run_shape(shape_name: str, args, ops: Ops) -> None:
             continue
         weights = layer_weights(shape, name)
         layouts = {name: MoEExperts(*weights, ops=ops)}
-        if args.layouts and FORMATS[name].format == Format.I4:
+        if args.layouts and FORMATS[name].format in (Format.I4, Format.I8):
             layouts[f"{name}/tiled"] = MoEExperts(*weights, ops=ops, row8=False)
+        if base_ops is not None:
+            layouts[f"{name}@base"] = MoEExperts(*weights, ops=base_ops)
         for T in tokens:
             for row in measure_layouts(shape_name, shape, layouts, T, args, baseline, ops):
                 print(format_row(row, shape), flush=True)
@@ -269,7 +275,9 @@ def measure_layouts(shape_name: str, shape: Shape, layouts: dict[str, MoEExperts
     best: dict[str, Row] = {}
     for _ in range(rounds):
         for label, moe in layouts.items():
-            row = replace(measure(shape_name, shape, label.split("/")[0], moe, T, args, baseline, ops), fmt=label)
+            time.sleep(POOL_SETTLE_S)
+            fmt = label.split("/")[0].split("@")[0]
+            row = replace(measure(shape_name, shape, fmt, moe, T, args, baseline, ops), fmt=label)
             if label not in best or row.kt_s < best[label].kt_s:
                 best[label] = row
     return list(best.values())
@@ -288,19 +296,21 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--torch-threads", type=int, help="default: --threads (on a loaded machine torch's "
                    "OpenMP threads slow down far more than kt's pool; try 1)")
     p.add_argument("--no-torch", action="store_true")
-    p.add_argument("--layouts", action="store_true", help="I4 also tiled, alternating with the default layout")
+    p.add_argument("--layouts", action="store_true", help="I4 and I8 also tiled, alternating with the default layout")
+    p.add_argument("--baseline", metavar="OLD.so", help="a saved build of the loaded variant, alternating with it")
     return p.parse_args()
 
 
 def main() -> None:
     args = parse_args()
     ops = Ops(kernels.load(), threads=args.threads)
+    base_ops = Ops(kernels.load_file(args.baseline, ops.kernels.variant), threads=args.threads) if args.baseline else None
     print(f"kt variant {ops.kernels.variant}, {args.threads} threads; memory read bandwidth probed per row; "
           f"torch {torch.__version__} in {args.torch_dtype} on {args.torch_threads or args.threads} threads; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(HEADER)
     for shape_name in args.shapes:
-        run_shape(shape_name, args, ops)
+        run_shape(shape_name, args, ops, base_ops)
 
 
 if __name__ == "__main__":

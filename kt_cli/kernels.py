@@ -3,6 +3,7 @@ the library is what it says it is. KT_ISA=<variant> forces one; a variant the
 CPU cannot run is refused with a KernelLoadError, never loaded (no SIGILL)."""
 
 import importlib
+import importlib.util
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -11,7 +12,7 @@ from kt_native.variants import VARIANTS, Variant, by_name, module_name  # noqa: 
 
 from .errors import KernelLoadError
 
-ABI_VERSION = 5     # native/src/identity.c kt_abi_version: the kt.h the Python side is written against
+ABI_VERSION = 6     # native/src/identity.c kt_abi_version: the kt.h the Python side is written against
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,23 @@ def _import(variant: Variant):
         raise KernelLoadError(f"library {module_name(variant)} has C ABI version {abi}, this kt needs "
                               f"{ABI_VERSION}: rebuild the kernels with ./install.sh")
     return module
+
+
+def load_file(path: str, variant: str) -> Kernels:
+    """A saved build of `variant` from another file (its module name), loaded beside the
+    installed one: benchmarks time a kernel change against the .so from before it."""
+    spec = importlib.util.spec_from_file_location(module_name(by_name(variant)), path)
+    if spec is None or spec.loader is None:
+        raise KernelLoadError(f"{path}: not a loadable kernel library")
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError) as exc:
+        raise KernelLoadError(f"{path}: not the {variant!r} kernel library ({exc})") from None
+    reported = module.ffi.string(module.lib.kt_variant_name()).decode()
+    if reported != variant:
+        raise KernelLoadError(f"{path} is the {reported!r} build, not {variant!r}")
+    return Kernels(variant, f"baseline {path}", module.ffi, module.lib)
 
 
 def load_generic():

@@ -86,3 +86,20 @@ def test_a_library_built_for_another_abi_is_refused(monkeypatch):
     monkeypatch.setattr(kernels, "ABI_VERSION", kernels.ABI_VERSION + 1)
     with pytest.raises(KernelLoadError, match="C ABI version .* rebuild the kernels"):
         kernels._import(generic)
+
+
+def test_a_saved_build_loads_beside_the_installed_one_only_as_its_own_variant(tmp_path):
+    """kernels.load_file (the benchmarks' --baseline): a copy of the generic .so loads as a
+    second library; named as another variant, or not a library at all, it is refused."""
+    import importlib.util
+    import shutil
+    origin = importlib.util.find_spec(kernels.module_name(kernels.by_name("generic"))).origin
+    saved = tmp_path / "old_generic.so"
+    shutil.copy(origin, saved)
+    base = kernels.load_file(str(saved), "generic")
+    assert base.variant == "generic" and base.lib.kt_abi_version() == kernels.ABI_VERSION
+    with pytest.raises(KernelLoadError, match="not the 'avx2' kernel library"):
+        kernels.load_file(str(saved), "avx2")
+    (tmp_path / "notes.txt").write_text("not a library")
+    with pytest.raises(KernelLoadError, match="not a loadable kernel library"):
+        kernels.load_file(str(tmp_path / "notes.txt"), "generic")
