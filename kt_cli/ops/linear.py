@@ -75,7 +75,7 @@ def runs_on_row8_kernel(w: QMatrix, pool: Pool | None = None, prefill: bool = Fa
 
 
 def decode_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None) -> QMatrix:
-    """w as decode streams it fastest: I4, and I8 on AVX512-VNNI builds (amx included), in the
+    """w as decode streams it fastest: I4, and I8 on AVX-512 builds (amx included), in the
     row8 layout (kt.h KT_LAYOUT_ROW8) where the shape allows and the build's 8-row kernel
     takes it (row8=None; True or False forces the choice), else kernel_layout(w). int8
     activations (experts) and int16 ones (dense layers, split into int8 pairs) both run
@@ -91,15 +91,15 @@ def decode_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None
 def prefill_acts(w: QMatrix, pool: Pool | None = None) -> str:
     """The activations a dense layer gives w from GEMM_MIN_TOKENS tokens (kt_cli.layers.linear):
     "int16" for a ROW8 matrix the build runs on its 16-row VNNI form (INT4 with KT_ROW8_I4_PREFILL,
-    I8 with KT_ROW8_I8, which only the VNNI builds have), as int8 pairs within 1/65278 of a
-    block's largest value; "f32" (the GEMM on dequantized panels) elsewhere. The pairs double
-    the rows the kernel runs: with vpdpbusd that paid, the scaled Qwen3-MoE's Q4_0 prefill ran
-    1.15x faster than the GEMM on a 2-core Zen 4 (bench/e2e.py pp512); with AVX512BW's
-    vpmaddubsw (an AVX512-only Skylake-class host) it ran 0.8-0.9x, so INT4 keeps the GEMM
-    there. int8 would run it 1.4x faster but moves SmolLM2's logits past
-    test_models_smollm2_gguf's bound."""
+    I8 with KT_ROW8_I8, both summed by vpdpbusd: KT_ROW8_DPBUSD), as int8 pairs within 1/65278
+    of a block's largest value; "f32" (the GEMM on dequantized panels) elsewhere. The pairs
+    double the rows the kernel runs: with vpdpbusd that paid, the scaled Qwen3-MoE's Q4_0
+    prefill ran 1.15x faster than the GEMM on a 2-core Zen 4 (bench/e2e.py pp512); with
+    AVX512BW's vpmaddubsw (an AVX512-only Skylake-class host) it ran 0.8-0.9x, so the
+    avx512 build keeps the GEMM. int8 would run it 1.4x faster but moves SmolLM2's logits
+    past test_models_smollm2_gguf's bound."""
     lib = (pool if pool is not None else _default_pool()).kernels.lib
-    if not lib.kt_row8_kernel() & lib.KT_ROW8_I8:
+    if not lib.kt_row8_kernel() & lib.KT_ROW8_DPBUSD:
         return "f32"
     return "int16" if w.row8 and runs_on_row8_kernel(w, pool, prefill=True) else "f32"
 

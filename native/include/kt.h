@@ -131,12 +131,13 @@ enum kt_row8 { KT_ROW8_ROWS = 8 };
  * through a copy into the row layout (correct, slower):
  *   KT_ROW8_I4          INT4 with int8 activations (plain or int16 split into pairs)
  *   KT_ROW8_I4_PREFILL  and the 16-row AVX-512 form from 3 rows of activations on
- *                       (two 8-row groups a 512-bit register; vpdpbusd with VNNI,
- *                       vpmaddubsw into int16 on AVX512BW alone)
- *   KT_ROW8_I8          I8 on the 16-row form at any token count (AVX512-VNNI builds;
+ *                       (two 8-row groups a 512-bit register)
+ *   KT_ROW8_I8          I8 on the 16-row form at any token count (every AVX-512 build;
  *                       on amx too: it ran one MoE layer's I8 prefill 1.8x faster than
- *                       the AMX tiles, which keep I8 matrices ROW8 cannot hold) */
-enum kt_row8_kernels { KT_ROW8_I4 = 1, KT_ROW8_I4_PREFILL = 2, KT_ROW8_I8 = 4 };
+ *                       the AMX tiles, which keep I8 matrices ROW8 cannot hold)
+ *   KT_ROW8_DPBUSD      the 16-row form sums with vpdpbusd (AVX512-VNNI builds); without
+ *                       it, vpmaddubsw into int16 (I8: its codes split into nibbles) */
+enum kt_row8_kernels { KT_ROW8_I4 = 1, KT_ROW8_I4_PREFILL = 2, KT_ROW8_I8 = 4, KT_ROW8_DPBUSD = 8 };
 int kt_row8_kernel(void);
 enum kt_tile { KT_TILE_ROWS = 4, KT_TILE_CHUNK = 64 };
 

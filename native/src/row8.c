@@ -89,12 +89,12 @@ static size_t copy_bytes(const kt_matrix *w)
 }
 
 /* Whether this build's 8-row kernel takes a (int8 rows: plain or split pairs) for w:
- * INT4 where it has the kernel, I8 where it has the 16-row VNNI form */
+ * INT4 where it has the kernel, I8 where it has the 16-row AVX-512 form */
 static int kernel_takes(const kt_matrix *w, const kt_acts *a)
 {
     if (!a->q || a->q16 || a->float_acts)
         return 0;
-#if defined(KT_ROW8_PAIR_I8)
+#if defined(KT_ROW8_PAIR_KERNEL)
     return 1;
 #elif defined(KT_ROW8_KERNEL)
     return w->format == KT_I4;
@@ -125,10 +125,10 @@ static void rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, in
 
 int kt_row8_kernel(void)
 {
-#if defined(KT_ROW8_PAIR_I8)
-    return KT_ROW8_I4 | KT_ROW8_I4_PREFILL | KT_ROW8_I8;
+#if defined(KT_ROW8_PAIR_DPBUSD)
+    return KT_ROW8_I4 | KT_ROW8_I4_PREFILL | KT_ROW8_I8 | KT_ROW8_DPBUSD;
 #elif defined(KT_ROW8_PAIR_KERNEL)
-    return KT_ROW8_I4 | KT_ROW8_I4_PREFILL;
+    return KT_ROW8_I4 | KT_ROW8_I4_PREFILL | KT_ROW8_I8;
 #elif defined(KT_ROW8_KERNEL)
     return KT_ROW8_I4;
 #else

@@ -1,9 +1,12 @@
 /* simd_row8_pair.h: the 16-row form of the 8-row kernel (simd_row8.h) on
  * AVX-512, two 8-row groups at a time, included by row8.c only: INT4 prefill, and
- * with AVX512-VNNI also INT8 at every token count (kt.h KT_LAYOUT_ROW8 for I8).
- * Without VNNI (AVX512BW only) the INT4 block sums run as the AVX2 8-row kernel's do,
- * vpmaddubsw into int16 and one vpmaddwd a block (bound: simd_row8.h); I8 stays on the
- * row kernels there, since its flipped codes (up to 255) would saturate int16 pair sums.
+ * I8 at every token count (kt.h KT_LAYOUT_ROW8 for I8; decode on one 8-row group).
+ * With AVX512-VNNI the block sums are vpdpbusd (KT_ROW8_PAIR_DPBUSD). Without it
+ * (AVX512BW only) INT4 runs as the AVX2 8-row kernel does, vpmaddubsw into int16 and
+ * one vpmaddwd a block (bound: simd_row8.h); I8 splits its flipped codes u = q + 128
+ * into nibbles, u = 16 uh + ul, and sums each as INT4 does: a lane's int16 adds 16
+ * products of at most 15 * 128 a block (30720, no saturation), then one vpmaddwd by 1
+ * (ul) and one by 16 (uh) a block. It costs about twice INT4's instructions a block.
  *
  * One 512-bit register holds the same 32-byte load of groups G (low half) and
  * G + 1 (high half): 4 bytes of each of 16 rows. A token's 4 activation bytes
@@ -25,7 +28,7 @@
 #if defined(KT_ROW8_KERNEL) && defined(__AVX512F__) && defined(__AVX512BW__)
 #define KT_ROW8_PAIR_KERNEL 1
 #if defined(__AVX512VNNI__)
-#define KT_ROW8_PAIR_I8 1
+#define KT_ROW8_PAIR_DPBUSD 1
 #endif
 
 /* INT4 from PAIR_MIN_TOKENS rows of activations on (its decode keeps the 8-row form, tuned
@@ -51,7 +54,7 @@ KT_INLINE __m512 load_scales_pair(const char *p0, const char *p1, int half)
     return _mm512_castpd_ps(_mm512_insertf64x4(low, _mm256_loadu_pd((const double *)p1), 1));
 }
 
-#if defined(KT_ROW8_PAIR_I8)
+#if defined(KT_ROW8_PAIR_DPBUSD)
 /* acc + u (unsigned bytes) . the 4 signed bytes at p in every lane, the broadcast folded into
  * vpdpbusd's memory operand ({1to16}); GCC 12 does not fold _mm512_set1_epi32 there and
  * spends a vpbroadcastd on each */
@@ -68,6 +71,46 @@ KT_INLINE __m512i maddubs_bcast(__m512i u, const int8_t *p)
     memcpy(&v, p, 4);
     return _mm512_maddubs_epi16(u, _mm512_set1_epi32(v));
 }
+
+/* An accumulator as it stands (simd_row8.h's block_dots does the same): without it GCC 12
+ * reorders a block's int16 sums into a tree over its loads, holding every product at once,
+ * and spilled most of them to the stack (MoE layer, q4_0, T=128: 1.35x with it) */
+KT_INLINE void keep_order(__m512i *acc) { __asm__("" : "+v"(*acc)); }
+#endif
+
+#if !defined(KT_ROW8_PAIR_DPBUSD)
+/* The low (ul) and high (uh) nibbles of flipped I8 codes v: u = v ^ 0x80 = 16 uh + ul;
+ * the flip leaves the low nibble alone */
+KT_INLINE void i8_nibbles(__m512i v, __m512i *ul, __m512i *uh)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(0x08);
+    *ul = _mm512_and_si512(v, low4);
+    *uh = _mm512_xor_si512(_mm512_and_si512(_mm512_srli_epi32(v, 4), low4), eight);
+}
+
+/* pair_block_dots for I8 without VNNI: each nibble's int16 sums over the block's 8 loads
+ * (header: at most 30720 a lane), then ul's + 16 * uh's as int32 */
+KT_INLINE void pair_block_dots_i8_nibbles(__m512i dot[PAIR_TOKENS], const uint8_t *b0, const uint8_t *b1,
+                                          const int8_t *qb, int64_t cols, const int TT)
+{
+    __m512i lo_sum[PAIR_TOKENS], hi_sum[PAIR_TOKENS];
+    for (int t = 0; t < TT; t++)
+        lo_sum[t] = hi_sum[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+        __m512i ul, uh;
+        i8_nibbles(load_pair(b0 + 32 * j, b1 + 32 * j), &ul, &uh);
+        for (int t = 0; t < TT; t++) {
+            const int8_t *q = qb + t * cols + 4 * j;
+            lo_sum[t] = _mm512_add_epi16(lo_sum[t], maddubs_bcast(ul, q));
+            hi_sum[t] = _mm512_add_epi16(hi_sum[t], maddubs_bcast(uh, q));
+            keep_order(&lo_sum[t]);
+            keep_order(&hi_sum[t]);
+        }
+    }
+    for (int t = 0; t < TT; t++)
+        dot[t] = _mm512_add_epi32(_mm512_madd_epi16(lo_sum[t], _mm512_set1_epi16(1)),
+                                  _mm512_madd_epi16(hi_sum[t], _mm512_set1_epi16(16)));
+}
 #endif
 
 /* The int32 dots of one block's 16 rows with TT tokens' activations (qb: token 0's piece)
@@ -76,7 +119,7 @@ KT_INLINE __m512i maddubs_bcast(__m512i u, const int8_t *p)
 KT_INLINE void pair_block_dots(__m512i dot[PAIR_TOKENS], const uint8_t *b0, const uint8_t *b1, const int8_t *qb,
                                int64_t cols, const int is_i8, const int TT)
 {
-#if defined(KT_ROW8_PAIR_I8)
+#if defined(KT_ROW8_PAIR_DPBUSD)
     __m512i hi_dot[PAIR_TOKENS];
     for (int t = 0; t < TT; t++)
         dot[t] = hi_dot[t] = _mm512_setzero_si512();
@@ -106,7 +149,10 @@ KT_INLINE void pair_block_dots(__m512i dot[PAIR_TOKENS], const uint8_t *b0, cons
     for (int t = 0; t < TT; t++)
         dot[t] = _mm512_add_epi32(dot[t], hi_dot[t]);
 #else
-    (void)is_i8;
+    if (is_i8) {
+        pair_block_dots_i8_nibbles(dot, b0, b1, qb, cols, TT);
+        return;
+    }
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     for (int t = 0; t < TT; t++)
         dot[t] = _mm512_setzero_si512();
@@ -116,6 +162,7 @@ KT_INLINE void pair_block_dots(__m512i dot[PAIR_TOKENS], const uint8_t *b0, cons
         for (int t = 0; t < TT; t++) {
             const int8_t *q = qb + t * cols + 4 * j;
             dot[t] = _mm512_add_epi16(dot[t], _mm512_add_epi16(maddubs_bcast(lo, q), maddubs_bcast(hi, q + 32)));
+            keep_order(&dot[t]);
         }
     }
     for (int t = 0; t < TT; t++)
@@ -194,13 +241,57 @@ KT_INLINE void row8_pair(float *out, int64_t ldo, const kt_matrix *w, int64_t G,
         _mm512_mask_storeu_ps(out + t * ldo, same ? (__mmask16)0x00FF : (__mmask16)0xFFFF, acc[t]);
 }
 
-#if defined(KT_ROW8_PAIR_I8)
+#if defined(KT_ROW8_PAIR_DPBUSD)
 /* acc + u . the 4 signed bytes at p in every lane of 8 (dpbusd_bcast, 256 bits) */
 KT_INLINE __m256i dpbusd_bcast8(__m256i acc, __m256i u, const int8_t *p)
 {
     __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
     return acc;
 }
+
+/* The int32 dots of one I8 block of 8 rows with TT tokens (q: token 0's block), two
+ * chains a token */
+KT_INLINE void group_block_dots(__m256i dot[2], const uint8_t *block, const int8_t *q, int64_t cols, const int TT)
+{
+    const __m256i top = _mm256_set1_epi8((char)0x80);
+    __m256i hi_dot[2];
+    for (int t = 0; t < TT; t++)
+        dot[t] = hi_dot[t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j += 2) {
+        const __m256i u0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(block + 32 * j)), top);
+        const __m256i u1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(block + 32 * j + 32)), top);
+        for (int t = 0; t < TT; t++) {
+            dot[t] = dpbusd_bcast8(dot[t], u0, q + t * cols + 4 * j);
+            hi_dot[t] = dpbusd_bcast8(hi_dot[t], u1, q + t * cols + 4 * j + 4);
+        }
+    }
+    for (int t = 0; t < TT; t++)
+        dot[t] = _mm256_add_epi32(dot[t], hi_dot[t]);
+}
+#else
+/* group_block_dots without VNNI: the nibble sums of pair_block_dots_i8_nibbles */
+KT_INLINE void group_block_dots(__m256i dot[2], const uint8_t *block, const int8_t *q, int64_t cols, const int TT)
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(0x08);
+    __m256i lo_sum[2], hi_sum[2];
+    for (int t = 0; t < TT; t++)
+        lo_sum[t] = hi_sum[t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
+        const __m256i ul = _mm256_and_si256(v, low4);
+        const __m256i uh = _mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), low4), eight);
+        for (int t = 0; t < TT; t++) {
+            const __m256i a = broadcast4(q + t * cols + 4 * j);
+            lo_sum[t] = _mm256_add_epi16(lo_sum[t], _mm256_maddubs_epi16(ul, a));
+            hi_sum[t] = _mm256_add_epi16(hi_sum[t], _mm256_maddubs_epi16(uh, a));
+            __asm__("" : "+v"(lo_sum[t]), "+v"(hi_sum[t]));      /* keep_order */
+        }
+    }
+    for (int t = 0; t < TT; t++)
+        dot[t] = _mm256_add_epi32(_mm256_madd_epi16(lo_sum[t], _mm256_set1_epi16(1)),
+                                  _mm256_madd_epi16(hi_sum[t], _mm256_set1_epi16(16)));
+}
+#endif
 
 /* I8 decode: rows 8G..8G+7 for tokens t0..t0+TT-1 (TT <= 2), one group at a time. Two
  * groups a register read two streams 8 rows apart, which ran one MoE layer's decode 0.7x
@@ -209,7 +300,6 @@ KT_INLINE void row8_i8_group(float *out, int64_t ldo, const kt_matrix *w, int64_
                              int64_t t0, const int TT)
 {
     const row8_at at = row8_locate(w, G, a, t0);
-    const __m256i top = _mm256_set1_epi8((char)0x80);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g = 0, b = 0; g < at.ng; g++) {
         const __m256 ws = load_scales8(at.scale + g * 8 * at.scale_bytes, at.half);
@@ -217,20 +307,11 @@ KT_INLINE void row8_i8_group(float *out, int64_t ldo, const kt_matrix *w, int64_
             const uint8_t *block = at.codes + b * I8_BLOCK_BYTES;
             for (int i = 0; i < 4; i++)
                 __builtin_prefetch(block + ROW8_AHEAD + 64 * i);
-            __m256i dot[2], hi_dot[2];
-            for (int t = 0; t < TT; t++)
-                dot[t] = hi_dot[t] = _mm256_setzero_si256();
-            for (int j = 0; j < 8; j += 2) {
-                const __m256i u0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(block + 32 * j)), top);
-                const __m256i u1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(block + 32 * j + 32)), top);
-                for (int t = 0; t < TT; t++) {
-                    dot[t] = dpbusd_bcast8(dot[t], u0, at.q + t * at.cols + b * 32 + 4 * j);
-                    hi_dot[t] = dpbusd_bcast8(hi_dot[t], u1, at.q + t * at.cols + b * 32 + 4 * j + 4);
-                }
-            }
+            __m256i dot[2];
+            group_block_dots(dot, block, at.q + b * 32, at.cols, TT);
             for (int t = 0; t < TT; t++) {
                 const __m256 scale_tb = _mm256_mul_ps(ws, _mm256_set1_ps(at.sa[t * at.nb + b]));
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(dot[t], hi_dot[t])), scale_tb, acc[t]);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale_tb, acc[t]);
             }
         }
         __m256 zero_point = _mm256_mul_ps(ws, _mm256_set1_ps(-128.0f));
@@ -242,7 +323,6 @@ KT_INLINE void row8_i8_group(float *out, int64_t ldo, const kt_matrix *w, int64_
     for (int t = 0; t < TT; t++)
         _mm256_storeu_ps(out + t * ldo, acc[t]);
 }
-#endif
 
 /* The prefetch plan of token tile `tile` of `tiles` over pair G (pair_prefetch) */
 KT_INLINE pair_prefetch pair_plan(const kt_matrix *w, int64_t G, int64_t r1, int64_t tile, int64_t tiles)
@@ -280,7 +360,6 @@ KT_INLINE void row8_pair_chunk(float *out, int64_t ldo, const kt_matrix *w, int6
 {
     const int64_t tiles = (c1 - c0 + PAIR_TOKENS - 1) / PAIR_TOKENS;
     int64_t G = r0 / 8;
-#if defined(KT_ROW8_PAIR_I8)
     if (is_i8 && c1 - c0 <= 2) {
         for (; G < r1 / 8; G++) {
             if (c1 - c0 == 1)
@@ -290,7 +369,6 @@ KT_INLINE void row8_pair_chunk(float *out, int64_t ldo, const kt_matrix *w, int6
         }
         return;
     }
-#endif
     for (; G + 1 < r1 / 8; G += 2)
         for (int64_t t0 = c0, tile = 0; t0 < c1; t0 += PAIR_TOKENS, tile++) {
             const pair_prefetch pf = pair_plan(w, G, r1, tile, tiles);
@@ -308,19 +386,13 @@ KT_INLINE void row8_pair_chunk(float *out, int64_t ldo, const kt_matrix *w, int6
 }
 
 /* Every token, in chunks of ROW8_CHUNK, as row8_rows_i4: INT4 (from PAIR_MIN_TOKENS rows of
- * activations) or, with VNNI, I8 rows */
+ * activations) or I8 rows */
 static inline void row8_pair_rows(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
                                   const kt_acts *a)
 {
     for (int64_t c0 = 0; c0 < a->m; c0 += ROW8_CHUNK) {
         const int64_t c1 = c0 + ROW8_CHUNK < a->m ? c0 + ROW8_CHUNK : a->m;
-#if defined(KT_ROW8_PAIR_I8)
-        if (w->format == KT_I8) {
-            row8_pair_chunk(out, ldo, w, r0, r1, a, c0, c1, 1);
-            continue;
-        }
-#endif
-        row8_pair_chunk(out, ldo, w, r0, r1, a, c0, c1, 0);
+        row8_pair_chunk(out, ldo, w, r0, r1, a, c0, c1, w->format == KT_I8);
     }
 }
 

@@ -335,7 +335,7 @@ def test_thread_count_does_not_change_the_result(variant, name):
 @pytest.mark.parametrize("name", ["bf16", "i8_channel", "i8_g32", "i8_g32_asym", "i4_g32_asym"])
 def test_amx_tiles_match_reference(variant, name, monkeypatch):
     """Units of >= 16 tokens on BF16/I8 experts take the AMX tile path once enabled; I8
-    experts kept out of ROW8 (which runs on VNNI) and tiled, as their 16 rows are gathered."""
+    experts kept out of ROW8 (which runs on AVX-512) and tiled, as their 16 rows are gathered."""
     if variant.name != "amx":
         pytest.skip(f"AMX tiles: only the amx variant (a CPU with AMX-TILE/INT8/BF16) has them, not {variant.name}")
     monkeypatch.setenv("KT_AMX_TILES", "1")

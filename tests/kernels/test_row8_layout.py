@@ -115,9 +115,9 @@ def test_linear_on_row8_weights_past_a_token_chunk(ops, rows, cols, group, scale
 
 
 def test_decode_layout_picks_row8_where_the_kernel_is(ops):
-    """kt.h kt_row8_kernels: INT4 on every SIMD build, its prefill form on the AVX-512
-    ones, I8 on the AVX512-VNNI ones, amx included"""
-    bits = {"generic": 0, "avx2": 1, "avx512": 3}.get(ops.kernels.variant, 7)
+    """kt.h kt_row8_kernels: INT4 on every SIMD build, its prefill form and I8 on the
+    AVX-512 ones, summed by vpdpbusd on the AVX512-VNNI ones, amx included"""
+    bits = {"generic": 0, "avx2": 1, "avx512": 7}.get(ops.kernels.variant, 15)
     assert ops.kernels.lib.kt_row8_kernel() == bits
     w = quantize_reference(_randn(16, 128, seed=5), Format.I4, 32)
     assert decode_layout(w, ops.pool).row8 == bool(bits & 1)
@@ -220,6 +220,25 @@ def test_i8_to_row8_follows_the_formulas_and_round_trips(rows, cols, group, symm
     back = from_row8(r8)
     assert torch.equal(back.data, w.data) and torch.equal(back.scale, w.scale)
     assert torch.equal(r8.dequantize(), w.dequantize())
+
+
+@pytest.mark.parametrize("m", [1, 2, 6, 13])
+def test_i8_row8_extreme_codes_do_not_saturate(ops, m):
+    """Codes 127 and -128 against activations at the block's full scale, both signs: the
+    largest sums the 16-row form adds. Without VNNI it sums the codes' nibbles in int16
+    (simd_row8_pair.h: at most 30720 a lane); summing whole flipped codes there would
+    saturate and miss the reference by far more than the bound."""
+    rows, cols, group = 32, 256, 32
+    codes = torch.full((rows, cols), 127, dtype=torch.int8)
+    codes[1::2] = -128
+    codes[2::4, 64:128] = -128
+    scale = torch.full((rows, cols // group), 1 / 128)
+    w = QMatrix(Format.I8, rows, cols, codes, group, scale)
+    sign = torch.where(torch.arange(cols) // 32 % 3 == 0, -1.0, 1.0)
+    x = torch.stack([sign * (-1.0) ** t * (1 + t / 7) for t in range(m)])
+    r8 = to_row8(w)
+    assert rel_err(ops.linear(x, r8), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
+    assert rel_err(ops.linear(x, r8, acts="int16"), _acts_reference(x, SPLIT_MAX), w.dequantize()) < QUANT_EXACT_BOUND
 
 
 @pytest.mark.parametrize("m", TOKENS + [65, 130])

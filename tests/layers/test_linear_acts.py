@@ -51,7 +51,7 @@ def test_decode_activations_follow_the_weights(fmt, acts, levels, m):
     x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
     assert linear.decode_acts == acts
     if acts == "int16" and linear.qweight.row8:
-        levels = SPLIT_MAX          # I8 in ROW8 (AVX512-VNNI builds): int16 as int8 pairs
+        levels = SPLIT_MAX          # I8 in ROW8 (AVX-512 builds): int16 as int8 pairs
     assert rel_err(linear(x), acts_reference(x, levels), w) < 1e-6
     if fmt == Format.I8:
         assert rel_err(linear(x), x, w) < 2e-5 < rel_err(acts_reference(x, 127).float() @ w.T, x, w)
@@ -62,12 +62,12 @@ def test_decode_activations_follow_the_weights(fmt, acts, levels, m):
 def test_prefill_takes_int16_where_the_16_row_kernel_is(fmt, form):
     """int16 (as int8 pairs, SPLIT_MAX levels) for ROW8 matrices on builds whose 8-row kernel
     runs them in its VNNI 16-row form (kt.h kt_row8_kernels: KT_ROW8_I4_PREFILL for INT4,
-    KT_ROW8_I8 for I8; the AVX512BW-only builds have the INT4 form without VNNI and keep
-    float32), float32 elsewhere; either within f32 rounding of its own reference."""
+    KT_ROW8_I8 for I8, with KT_ROW8_DPBUSD; the AVX512BW-only builds have both forms without
+    VNNI and keep float32), float32 elsewhere; either within f32 rounding of its own reference."""
     linear, w = layer_of(fmt)
     x = torch.randn(GEMM_MIN_TOKENS + 3, w.shape[1], generator=torch.Generator().manual_seed(5))
     lib = ops.pool().kernels.lib
-    vnni_form = bool(lib.kt_row8_kernel() & lib.KT_ROW8_I8)     # the AVX512BW-only form keeps the GEMM
+    vnni_form = bool(lib.kt_row8_kernel() & lib.KT_ROW8_DPBUSD)     # the AVX512BW-only form keeps the GEMM
     has_form = linear.qweight.row8 and vnni_form and bool(lib.kt_row8_kernel() & getattr(lib, form))
     assert linear.prefill_acts == ("int16" if has_form else "f32")
     assert dense_acts(x.shape[0], linear.decode_acts, linear.prefill_acts) == linear.prefill_acts
