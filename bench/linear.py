@@ -29,6 +29,7 @@ import kt_cli  # noqa: F401  before torch: it sets GOMP_SPINCOUNT, which libgomp
 import torch
 
 from kt_cli import hardware, kernels
+from kt_cli.kernels import baseline_kernels
 from kt_cli.ops import Ops, kernel_layout
 from kt_weights.layout import Format, QMatrix, can_row8, quantize_reference, to_row8
 
@@ -90,7 +91,7 @@ def main() -> None:
     ops = Ops(loaded, args.threads or hardware.default_threads())
     variants = [("", ops)]
     if args.baseline:
-        variants.append(("@base", Ops(kernels.load_file(args.baseline, loaded.variant), ops.threads)))
+        variants.append(("@base", Ops(baseline_kernels(args.baseline, loaded.variant), ops.threads)))
     torch.set_num_threads(ops.threads)
     bw = ops.membw_read_gbps()
     print(f"variant {loaded.variant}, {ops.threads} threads, membw probe {bw:.2f} GB/s")

@@ -44,6 +44,7 @@ import kt_cli  # noqa: F401  before torch: it sets GOMP_SPINCOUNT, which libgomp
 import torch
 
 from kt_cli import hardware, kernels
+from kt_cli.kernels import baseline_kernels
 from kt_cli.ops import Ops
 from kt_cli.ops.moe import MoEExperts
 from kt_weights.layout import Format, QMatrix
@@ -304,7 +305,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     ops = Ops(kernels.load(), threads=args.threads)
-    base_ops = Ops(kernels.load_file(args.baseline, ops.kernels.variant), threads=args.threads) if args.baseline else None
+    base_ops = Ops(baseline_kernels(args.baseline, ops.kernels.variant), threads=args.threads) if args.baseline else None
     print(f"kt variant {ops.kernels.variant}, {args.threads} threads; memory read bandwidth probed per row; "
           f"torch {torch.__version__} in {args.torch_dtype} on {args.torch_threads or args.threads} threads; "
           f"load average {os.getloadavg()[0]:.1f}")

@@ -107,7 +107,8 @@ def _import(variant: Variant):
 
 def load_file(path: str, variant: str) -> Kernels:
     """A saved build of `variant` from another file (its module name), loaded beside the
-    installed one: benchmarks time a kernel change against the .so from before it."""
+    installed one: benchmarks time a kernel change against the .so from before it. Not
+    checked for the C ABI version (an older build may be the point), only for its variant."""
     spec = importlib.util.spec_from_file_location(module_name(by_name(variant)), path)
     if spec is None or spec.loader is None:
         raise KernelLoadError(f"{path}: not a loadable kernel library")
@@ -120,6 +121,14 @@ def load_file(path: str, variant: str) -> Kernels:
     if reported != variant:
         raise KernelLoadError(f"{path} is the {reported!r} build, not {variant!r}")
     return Kernels(variant, f"baseline {path}", module.ffi, module.lib)
+
+
+def baseline_kernels(path: str, variant: str) -> Kernels:
+    """load_file for a benchmark's --baseline: a bad file ends the run with one line"""
+    try:
+        return load_file(path, variant)
+    except KernelLoadError as exc:
+        raise SystemExit(f"--baseline: {exc}") from None
 
 
 def load_generic():

@@ -103,3 +103,5 @@ def test_a_saved_build_loads_beside_the_installed_one_only_as_its_own_variant(tm
     (tmp_path / "notes.txt").write_text("not a library")
     with pytest.raises(KernelLoadError, match="not a loadable kernel library"):
         kernels.load_file(str(tmp_path / "notes.txt"), "generic")
+    with pytest.raises(SystemExit, match="^--baseline: .*missing.so: not the 'generic' kernel library"):
+        kernels.baseline_kernels(str(tmp_path / "missing.so"), "generic")
