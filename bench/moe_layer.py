@@ -276,7 +276,8 @@ def measure_layouts(shape_name: str, shape: Shape, layouts: dict[str, MoEExperts
     best: dict[str, Row] = {}
     for _ in range(rounds):
         for label, moe in layouts.items():
-            time.sleep(POOL_SETTLE_S)
+            if rounds > 1:
+                time.sleep(POOL_SETTLE_S)
             fmt = label.split("/")[0].split("@")[0]
             row = replace(measure(shape_name, shape, fmt, moe, T, args, baseline, ops), fmt=label)
             if label not in best or row.kt_s < best[label].kt_s:

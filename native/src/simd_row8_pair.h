@@ -76,9 +76,7 @@ KT_INLINE __m512i maddubs_bcast(__m512i u, const int8_t *p)
  * reorders a block's int16 sums into a tree over its loads, holding every product at once,
  * and spilled most of them to the stack (MoE layer, q4_0, T=128: 1.35x with it) */
 KT_INLINE void keep_order(__m512i *acc) { __asm__("" : "+v"(*acc)); }
-#endif
 
-#if !defined(KT_ROW8_PAIR_DPBUSD)
 /* The low (ul) and high (uh) nibbles of flipped I8 codes v: u = v ^ 0x80 = 16 uh + ul;
  * the flip leaves the low nibble alone */
 KT_INLINE void i8_nibbles(__m512i v, __m512i *ul, __m512i *uh)
