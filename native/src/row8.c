@@ -116,7 +116,11 @@ static void rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, in
             return;
         }
 #endif
+#if defined(KT_ROW8_PAIR_DPBUSD)
+        row8_rows_i4_decode(out, ldo, w, r0, r1, a);     /* 1-2 rows: below PAIR_MIN_TOKENS */
+#else
         row8_rows_i4(out, ldo, w, r0, r1, a);
+#endif
         return;
     }
 #endif

@@ -1,6 +1,7 @@
 /* simd_row8_pair.h: the 16-row form of the 8-row kernel (simd_row8.h) on
  * AVX-512, two 8-row groups at a time, included by row8.c only: INT4 prefill, and
  * I8 at every token count (kt.h KT_LAYOUT_ROW8 for I8; decode on one 8-row group).
+ * With VNNI, INT4 decode has a 512-bit form of its own (row8_group_decode).
  * With AVX512-VNNI the block sums are vpdpbusd (KT_ROW8_PAIR_DPBUSD). Without it
  * (AVX512BW only) INT4 runs as the AVX2 8-row kernel does, vpmaddubsw into int16 and
  * one vpmaddwd a block (bound: simd_row8.h); I8 splits its flipped codes u = q + 128
@@ -31,8 +32,9 @@
 #define KT_ROW8_PAIR_DPBUSD 1
 #endif
 
-/* INT4 from PAIR_MIN_TOKENS rows of activations on (its decode keeps the 8-row form, tuned
- * for streaming); I8_BLOCK_BYTES: one 32-column block of 8 I8 rows */
+/* INT4 from PAIR_MIN_TOKENS rows of activations on (its decode reads one 8-row group at a
+ * time, a single stream: row8_group_decode or simd_row8.h's row8_group); I8_BLOCK_BYTES: one
+ * 32-column block of 8 I8 rows */
 enum { PAIR_TOKENS = 6, PAIR_MIN_TOKENS = 3, I8_BLOCK_BYTES = 8 * 32 };
 
 /* bytes [p0, p0 + 32) in the low half, [p1, p1 + 32) in the high half */
@@ -321,6 +323,101 @@ KT_INLINE void row8_i8_group(float *out, int64_t ldo, const kt_matrix *w, int64_
     for (int t = 0; t < TT; t++)
         _mm256_storeu_ps(out + t * ldo, acc[t]);
 }
+
+#if defined(KT_ROW8_PAIR_DPBUSD)
+/* INT4 decode on AVX-512: one 8-row group, a whole 512-bit register a load. The 64 bytes at
+ * 64h of a block (h = 0, 1) are its pieces 2h (lanes 0-7: 8 rows) and 2h + 1 (lanes 8-15),
+ * so each half needs its own activation dwords: one vpermd picks them from the 64 activation
+ * bytes of the block pair (kt_acts' I4 interleave: dwords 0-3 columns 0-15 of the even block,
+ * 4-7 of the odd one, 8-11 and 12-15 their columns 16-31). The two halves of a lane pair sum
+ * the same row, added once at the end. Per 128-byte block that is 2 loads, 4 vpermd and 4
+ * vpdpbusd where the 256-bit form (row8_group) spends 4 loads, 8 broadcasts and 8 vpdpbusd:
+ * from L3, 1.2x its speed (2048 x 2048 Q4_0-like, one thread, 2-core Zen 5 guest).
+ * DECODE_AHEAD: the prefetch distance, 4 KB. Streaming from memory, the 8-row form's 1 KB left the
+ * MoE layer at the same speed, 4-8 KB (into L1 or L2) ran it 1.08-1.17x faster (Qwen3-30B-A3B
+ * shape, Q4_0 and g128, T = 1 and 2, 25 alternating rounds in one process, same host). */
+enum { DECODE_AHEAD = 4096 };
+KT_INLINE __m512i decode_index(int parity, int piece, int high)
+{
+    const int first = 8 * high + 4 * parity + piece;
+    return _mm512_set_epi32(first + 1, first + 1, first + 1, first + 1, first + 1, first + 1, first + 1,
+                            first + 1, first, first, first, first, first, first, first, first);
+}
+
+/* int32 dots of block b's 8 rows (each lane pair i, i + 8 sums to row i) with TT tokens'
+ * activations (q: token 0's, act rows cols apart) */
+KT_INLINE void decode_block_dots(__m512i dot[2], const uint8_t *block, const int8_t *q, int64_t cols, int64_t b,
+                                 const int TT)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const int p = (int)(b & 1);
+    const __m512i v0 = _mm512_loadu_si512(block), v1 = _mm512_loadu_si512(block + 64);
+    const __m512i lo0 = _mm512_and_si512(v0, low4), hi0 = _mm512_and_si512(_mm512_srli_epi32(v0, 4), low4);
+    const __m512i lo1 = _mm512_and_si512(v1, low4), hi1 = _mm512_and_si512(_mm512_srli_epi32(v1, 4), low4);
+    for (int t = 0; t < TT; t++) {
+        const __m512i x = _mm512_loadu_si512(q + t * cols + (b / 2) * 64);
+        const __m512i zero = _mm512_setzero_si512();
+        __m512i d = _mm512_dpbusd_epi32(zero, lo0, _mm512_permutexvar_epi32(decode_index(p, 0, 0), x));
+        __m512i e = _mm512_dpbusd_epi32(zero, hi0, _mm512_permutexvar_epi32(decode_index(p, 0, 1), x));
+        d = _mm512_dpbusd_epi32(d, lo1, _mm512_permutexvar_epi32(decode_index(p, 2, 0), x));
+        e = _mm512_dpbusd_epi32(e, hi1, _mm512_permutexvar_epi32(decode_index(p, 2, 1), x));
+        dot[t] = _mm512_add_epi32(d, e);
+    }
+}
+
+/* The 8 scales of a group at p (halves or floats) in both halves of a register */
+KT_INLINE __m512 load_scales8_twice(const char *p, int half)
+{
+    if (half)
+        return _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)));
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)p)));
+}
+
+/* INT4 decode: rows 8G..8G+7 for tokens t0..t0+TT-1 (TT <= 2), as row8_group computes them */
+KT_INLINE void row8_group_decode(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
+                                 int64_t t0, const int TT)
+{
+    const row8_at at = row8_locate(w, G, a, t0);
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m256 zacc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t g = 0, b = 0; g < at.ng; g++) {
+        const char *sp = at.scale + g * 8 * at.scale_bytes;
+        const __m512 ws = load_scales8_twice(sp, at.half);
+        for (int64_t end = b + at.per_group; b < end; b++) {
+            const uint8_t *block = at.codes + b * ROW8_BLOCK_BYTES;
+            __builtin_prefetch(block + DECODE_AHEAD);
+            __builtin_prefetch(block + DECODE_AHEAD + 64);
+            __m512i dot[2];
+            decode_block_dots(dot, block, at.q, at.cols, b, TT);
+            for (int t = 0; t < TT; t++) {
+                const __m512 scale_tb = _mm512_mul_ps(ws, _mm512_set1_ps(at.sa[t * at.nb + b]));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), scale_tb, acc[t]);
+            }
+        }
+        const __m256 zero_point = at.min ? load_scales8(at.min + g * 8 * at.scale_bytes, at.half)
+                                      : _mm256_mul_ps(load_scales8(sp, at.half), _mm256_set1_ps(-8.0f));
+        for (int t = 0; t < TT; t++)
+            zacc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(at.gsum[t * at.ng + g]), zacc[t]);
+    }
+    for (int t = 0; t < TT; t++) {
+        const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
+        const __m256 rows = _mm256_add_ps(_mm512_castps512_ps256(acc[t]), high);
+        _mm256_storeu_ps(out + t * ldo, _mm256_add_ps(rows, zacc[t]));
+    }
+}
+
+/* Rows [r0, r1) (multiples of 8) for the 1-2 rows of activations of a */
+static inline void row8_rows_i4_decode(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                                       const kt_acts *a)
+{
+    for (int64_t G = r0 / 8; G < r1 / 8; G++) {
+        if (a->m == 1)
+            row8_group_decode(out + (G * 8 - r0), ldo, w, G, a, 0, 1);
+        else
+            row8_group_decode(out + (G * 8 - r0), ldo, w, G, a, 0, 2);
+    }
+}
+#endif
 
 /* The prefetch plan of token tile `tile` of `tiles` over pair G (pair_prefetch) */
 KT_INLINE pair_prefetch pair_plan(const kt_matrix *w, int64_t G, int64_t r1, int64_t tile, int64_t tiles)
