@@ -135,14 +135,22 @@ KT_INLINE void pair_block_dots(__m512i dot[PAIR_TOKENS], const uint8_t *b0, cons
             }
         }
     } else {
+        /* the block's codes stay unpacked in 8 registers while the tokens pass over them, one
+         * pointer stepping cols bytes a token; the empty asm keeps GCC from holding all TT
+         * pointers at once: it had spilled them and reloaded one per vpdpbusd */
         const __m512i low4 = _mm512_set1_epi8(0x0F);
+        __m512i lo[4], hi[4];
         for (int j = 0; j < 4; j++) {
             const __m512i v = load_pair(b0 + 32 * j, b1 + 32 * j);
-            const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
-            for (int t = 0; t < TT; t++) {
-                const int8_t *q = qb + t * cols + 4 * j;
-                dot[t] = dpbusd_bcast(dot[t], lo, q);
-                hi_dot[t] = dpbusd_bcast(hi_dot[t], hi, q + 32);
+            lo[j] = _mm512_and_si512(v, low4);
+            hi[j] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+        }
+        const int8_t *q = qb;
+        for (int t = 0; t < TT; t++, q += cols) {
+            __asm__("" : "+r"(q));
+            for (int j = 0; j < 4; j++) {
+                dot[t] = dpbusd_bcast(dot[t], lo[j], q + 4 * j);
+                hi_dot[t] = dpbusd_bcast(hi_dot[t], hi[j], q + 32 + 4 * j);
             }
         }
     }
