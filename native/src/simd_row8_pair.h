@@ -125,13 +125,15 @@ KT_INLINE void pair_block_dots(__m512i dot[PAIR_TOKENS], const uint8_t *b0, cons
         dot[t] = hi_dot[t] = _mm512_setzero_si512();
     if (is_i8) {
         const __m512i top = _mm512_set1_epi8((char)0x80);
-        for (int j = 0; j < 8; j += 2) {
-            const __m512i u0 = _mm512_xor_si512(load_pair(b0 + 32 * j, b1 + 32 * j), top);
-            const __m512i u1 = _mm512_xor_si512(load_pair(b0 + 32 * j + 32, b1 + 32 * j + 32), top);
-            for (int t = 0; t < TT; t++) {
-                const int8_t *q = qb + t * cols + 4 * j;
-                dot[t] = dpbusd_bcast(dot[t], u0, q);
-                hi_dot[t] = dpbusd_bcast(hi_dot[t], u1, q + 4);
+        __m512i u[8];
+        for (int j = 0; j < 8; j++)
+            u[j] = _mm512_xor_si512(load_pair(b0 + 32 * j, b1 + 32 * j), top);
+        const int8_t *q = qb;
+        for (int t = 0; t < TT; t++, q += cols) {
+            __asm__("" : "+r"(q));      /* one pointer, as the INT4 branch below */
+            for (int j = 0; j < 8; j += 2) {
+                dot[t] = dpbusd_bcast(dot[t], u[j], q + 4 * j);
+                hi_dot[t] = dpbusd_bcast(hi_dot[t], u[j + 1], q + 4 * j + 4);
             }
         }
     } else {
