@@ -1,8 +1,8 @@
 /* simd_row8_pair.h: the 16-row form of the 8-row kernel (simd_row8.h) on
  * AVX-512, two 8-row groups at a time, included by row8.c only: INT4 prefill, and
  * I8 at every token count (kt.h KT_LAYOUT_ROW8 for I8; decode on one 8-row group).
- * With VNNI, INT4 decode has a 512-bit form of its own (row8_group_decode).
- * With AVX512-VNNI the block sums are vpdpbusd (KT_ROW8_PAIR_DPBUSD). Without it
+ * With AVX512-VNNI the block sums are vpdpbusd (KT_ROW8_PAIR_DPBUSD), and INT4 decode has a
+ * 512-bit form of its own (row8_group_decode). Without it
  * (AVX512BW only) INT4 runs as the AVX2 8-row kernel does, vpmaddubsw into int16 and
  * one vpmaddwd a block (bound: simd_row8.h); I8 splits its flipped codes u = q + 128
  * into nibbles, u = 16 uh + ul, and sums each as INT4 does: a lane's int16 adds 16
@@ -375,24 +375,16 @@ KT_INLINE void decode_block_dots(__m512i dot[2], const uint8_t *block, const int
     }
 }
 
-/* The 8 scales of a group at p (halves or floats) in both halves of a register */
-KT_INLINE __m512 load_scales8_twice(const char *p, int half)
-{
-    if (half)
-        return _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)));
-    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)p)));
-}
-
-/* INT4 decode: rows 8G..8G+7 for tokens t0..t0+TT-1 (TT <= 2), as row8_group computes them */
+/* INT4 decode: rows 8G..8G+7 for the TT (<= 2) rows of activations, as row8_group computes them */
 KT_INLINE void row8_group_decode(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
-                                 int64_t t0, const int TT)
+                                 const int TT)
 {
-    const row8_at at = row8_locate(w, G, a, t0);
+    const row8_at at = row8_locate(w, G, a, 0);
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     __m256 zacc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g = 0, b = 0; g < at.ng; g++) {
         const char *sp = at.scale + g * 8 * at.scale_bytes;
-        const __m512 ws = load_scales8_twice(sp, at.half);
+        const __m512 ws = load_scales_pair(sp, sp, at.half);      /* the group's 8 scales, twice */
         for (int64_t end = b + at.per_group; b < end; b++) {
             const uint8_t *block = at.codes + b * ROW8_BLOCK_BYTES;
             __builtin_prefetch(block + DECODE_AHEAD);
@@ -422,9 +414,9 @@ static inline void row8_rows_i4_decode(float *out, int64_t ldo, const kt_matrix 
 {
     for (int64_t G = r0 / 8; G < r1 / 8; G++) {
         if (a->m == 1)
-            row8_group_decode(out + (G * 8 - r0), ldo, w, G, a, 0, 1);
+            row8_group_decode(out + (G * 8 - r0), ldo, w, G, a, 1);
         else
-            row8_group_decode(out + (G * 8 - r0), ldo, w, G, a, 0, 2);
+            row8_group_decode(out + (G * 8 - r0), ldo, w, G, a, 2);
     }
 }
 #endif
