@@ -96,35 +96,45 @@ static inline void amx_store_c(float *out, int64_t ldo, const float c[16][16], i
     amx_store_rows(out, ldo, r, n_tok);
 }
 
-/* BF16: C += A . B over all of K for up to 2 row blocks (rows, rows + 16) and 2 token
- * blocks (tb, tb + 1): four independent accumulators, so the tile multiplies overlap
- * instead of waiting on one C, and each A and B tile load serves two of them. */
-static void amx_bf16_block(float *out, int64_t ldo, const kt_matrix *w, int64_t row, int two_rows,
-                           const kt_acts *a, int64_t tb, int two_tbs)
+/* Where the A tiles of up to 32 bf16 weight rows lie: rows [16 h, 16 h + 16) by columns
+ * [32 kc, 32 kc + 32) at base + kc * kc_step + h * half_step (elements), rows `stride`
+ * bytes apart. */
+typedef struct amx_rows_at {
+    const uint16_t *base;
+    int64_t kc_step, half_step, stride;
+} amx_rows_at;
+
+/* The BF16 block below, in three steps: C tiles to zero; one column block kc (p0, p1: the
+ * two token blocks' panels); the C tiles out. */
+static inline void amx_bf16_zero(void)
 {
-    int64_t cols = w->cols, n_kc = cols / 32, stride = cols * 2;
-    const uint16_t *w0 = (const uint16_t *)w->data + row * cols, *w1 = w0 + 16 * cols;
-    const uint16_t *p0 = a->amx_bf16 + tb * n_kc * 512, *p1 = p0 + n_kc * 512;
-    float c[16][16] __attribute__((aligned(64)));
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    for (int64_t kc = 0; kc < n_kc; kc++) {
-        amx_load(4, w0 + kc * 32, stride);
-        amx_load(6, p0 + kc * 512, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        if (two_tbs) {
-            amx_load(7, p1 + kc * 512, 64);
-            _tile_dpbf16ps(1, 4, 7);
-        }
-        if (two_rows) {
-            amx_load(5, w1 + kc * 32, stride);
-            _tile_dpbf16ps(2, 5, 6);
-            if (two_tbs)
-                _tile_dpbf16ps(3, 5, 7);
-        }
+}
+
+static inline void amx_bf16_step(const amx_rows_at *w, const uint16_t *p0, const uint16_t *p1, int64_t kc,
+                                 int two_rows, int two_tbs)
+{
+    amx_load(4, w->base + kc * w->kc_step, w->stride);
+    amx_load(6, p0 + kc * 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if (two_tbs) {
+        amx_load(7, p1 + kc * 512, 64);
+        _tile_dpbf16ps(1, 4, 7);
     }
+    if (two_rows) {
+        amx_load(5, w->base + w->half_step + kc * w->kc_step, w->stride);
+        _tile_dpbf16ps(2, 5, 6);
+        if (two_tbs)
+            _tile_dpbf16ps(3, 5, 7);
+    }
+}
+
+static inline void amx_bf16_store(float *out, int64_t ldo, const kt_acts *a, int64_t tb, int two_rows, int two_tbs)
+{
+    float c[16][16] __attribute__((aligned(64)));
     int64_t left = a->m - tb * 16;
     float *o = out + tb * 16 * ldo;
     _tile_stored(0, c, 64);
@@ -141,6 +151,19 @@ static void amx_bf16_block(float *out, int64_t ldo, const kt_matrix *w, int64_t 
             amx_store_c(o + 16 * ldo + 16, ldo, c, left - 16);
         }
     }
+}
+
+/* BF16: C += A . B over all n_kc column blocks for up to 2 row blocks (h = 0, 1) and 2 token
+ * blocks (tb, tb + 1): four independent accumulators, so the tile multiplies overlap instead
+ * of waiting on one C, and each A and B tile load serves two. */
+static void amx_bf16_block(float *out, int64_t ldo, const amx_rows_at *w, int64_t n_kc, int two_rows,
+                           const kt_acts *a, int64_t tb, int two_tbs)
+{
+    const uint16_t *p0 = a->amx_bf16 + tb * n_kc * 512, *p1 = p0 + n_kc * 512;
+    amx_bf16_zero();
+    for (int64_t kc = 0; kc < n_kc; kc++)
+        amx_bf16_step(w, p0, p1, kc, two_rows, two_tbs);
+    amx_bf16_store(out, ldo, a, tb, two_rows, two_tbs);
 }
 
 /* Tile 4 = columns [32 b, 32 b + 32) of the 16 I8 rows from `row`: loaded in
@@ -203,9 +226,12 @@ static void amx_rows(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, in
     else
         amx_configure(32, 8);
     if (w->format == KT_BF16) {
-        for (int64_t r = b0; r < b1; r += 2 * AMX_ROWS)
+        for (int64_t r = b0; r < b1; r += 2 * AMX_ROWS) {
+            amx_rows_at rows = {(const uint16_t *)w->data + r * w->cols, 32, AMX_ROWS * w->cols, w->cols * 2};
             for (int64_t tb = 0; tb < n_tb; tb += 2)
-                amx_bf16_block(out + (r - r0), ldo, w, r, b1 - r >= 2 * AMX_ROWS, a, tb, n_tb - tb >= 2);
+                amx_bf16_block(out + (r - r0), ldo, &rows, w->cols / 32, b1 - r >= 2 * AMX_ROWS, a, tb,
+                               n_tb - tb >= 2);
+        }
     } else {
         for (int64_t r = b0; r < b1; r += AMX_ROWS)
             for (int64_t tb = 0; tb < n_tb; tb++)
