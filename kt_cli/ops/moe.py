@@ -129,6 +129,11 @@ class MoEExperts:
         _check(native.handle != ffi.NULL, "the native MoE operator refused this layer's descriptor")
         return native
 
+    @property
+    def pool(self):
+        """The Pool this layer's experts run on"""
+        return self._pool
+
     def native_handle(self):
         """The kt_moe * (cffi) for native callers (kt_decode_moe), after any pending job; valid
         while this object lives."""

@@ -134,7 +134,9 @@ enum kt_row8 { KT_ROW8_ROWS = 8 };
  *                       (two 8-row groups a 512-bit register)
  *   KT_ROW8_I8          I8 on the 16-row form at any token count (every AVX-512 build;
  *                       on amx too: it ran one MoE layer's I8 prefill 1.8x faster than
- *                       the AMX tiles, which keep I8 matrices ROW8 cannot hold)
+ *                       the AMX tiles, which keep I8 matrices ROW8 cannot hold; with the
+ *                       tiles on, amx takes ROW8 INT4 from 24 tokens and I8 from 64 to
+ *                       the BF16 tiles through bf16 copies of the rows)
  *   KT_ROW8_DPBUSD      the 16-row form sums with vpdpbusd (AVX512-VNNI builds); without
  *                       it, vpmaddubsw into int16 (I8: its codes split into nibbles) */
 enum kt_row8_kernels { KT_ROW8_I4 = 1, KT_ROW8_I4_PREFILL = 2, KT_ROW8_I8 = 4, KT_ROW8_DPBUSD = 8 };

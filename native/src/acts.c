@@ -26,13 +26,17 @@ static int uses_bf16_acts(int32_t format)
 #endif
 }
 
-/* AMX panels (amx variant, tiles enabled): BF16 needs cols % 32 == 0, I8 group % 32 == 0 and
- * the row layout (ROW8 runs the 16-row kernel). */
+/* AMX panels (amx variant, tiles enabled): BF16 needs cols % 32 == 0, I8 group % 32 == 0;
+ * ROW8 matrices (INT4 and I8) take bf16 panels for the BF16 tiles (simd_amx_row8.h). */
 static int uses_amx(const kt_matrix *w, int64_t m, int amx_tiles)
 {
 #if defined(KT_AMX_BUILD)
-    if (!amx_tiles || w->layout == KT_LAYOUT_ROW8)
+    if (!amx_tiles)
         return 0;
+    if (w->layout == KT_LAYOUT_ROW8) {
+        int64_t least = w->format == KT_I4 ? KT_AMX_MIN_TOKENS_ROW8 : KT_AMX_MIN_TOKENS_ROW8_I8;
+        return m >= least && w->group % 32 == 0;
+    }
     if (w->format == KT_BF16)
         return m >= KT_AMX_MIN_TOKENS_BF16 && w->cols % 32 == 0;
     return w->format == KT_I8 && m >= KT_AMX_MIN_TOKENS_I8 && w->group % 32 == 0;
@@ -88,7 +92,7 @@ static size_t amx_bytes(const kt_matrix *w, int64_t m, int amx_tiles)
     if (!uses_amx(w, m, amx_tiles))
         return 0;
     size_t m16 = (size_t)(m + 15) / 16 * 16, cols = (size_t)w->cols;
-    if (w->format == KT_BF16)
+    if (w->format == KT_BF16 || w->layout == KT_LAYOUT_ROW8)
         return ALIGN64(m16 * cols * 2);
     return ALIGN64(m16 * cols) + ALIGN64(m16 * (cols / (size_t)w->group) * 4) +
            ALIGN64(m16 * n_act_blocks(w->cols) * 4);
@@ -364,8 +368,12 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
     char *panels = panel_bytes ? (char *)scratch + (bytes - panel_bytes) : NULL;   /* the AMX panels go last */
     if (quantized(w->format)) {
         prepare_int(acts, x, m, w, scratch, 1);
-        if (uses_amx(w, m, amx_tiles))
+        if (uses_amx(w, m, amx_tiles) && w->layout == KT_LAYOUT_ROW8) {
+            acts->amx_bf16 = (uint16_t *)panels;
+            amx_fill_bf16(acts->amx_bf16, x, m, w->cols);
+        } else if (uses_amx(w, m, amx_tiles)) {
             amx_fill_i8(acts, panels, m, w->cols, w->group);
+        }
     } else if (uses_bf16_acts(w->format)) {
         acts->bf16 = scratch;
         to_bf16(acts->bf16, x, m * w->cols);

@@ -114,7 +114,7 @@ typedef struct kt_acts {
     /* amx variant, AMX tiles enabled on the pool and m >= KT_AMX_MIN_TOKENS_*: the
      * same tokens in AMX B-tile panels (layout in simd_amx.h), padded with zero
      * tokens to a multiple of 16; else NULL */
-    uint16_t *amx_bf16;    /* BF16: [m16/16][cols/32][16][16][2] */
+    uint16_t *amx_bf16;    /* BF16, and ROW8 I4/I8: [m16/16][cols/32][16][16][2] */
     int8_t *amx_q;         /* I8:   [m16/16][cols/32][8][16][4] */
     float *amx_gsum;       /* I8:   [m16/16][cols/group][16] q_group_sum, transposed */
     float *amx_scale;      /* I8:   [m16/16][cols/32][16] q_scale, transposed */
@@ -126,6 +126,14 @@ typedef struct kt_acts {
  * 32 columns (one activation scale per 32), which pays at 16. */
 #define KT_AMX_MIN_TOKENS_BF16 4
 #define KT_AMX_MIN_TOKENS_I8 16
+/* ROW8 INT4 and I8 (int8 activations asked for) go to the BF16 tiles through a bf16 copy of
+ * their rows (simd_amx_row8.h), which pays once enough tokens share each copy. On a 2-core
+ * Sapphire Rapids-class guest, against the 16-row VNNI kernel: INT4 g32 0.8-0.9x at 16
+ * tokens, 1.0x at 24, 1.27x at 32, 1.5-1.7x at 64 (g128: 1.05x at 16); I8 g32 in one
+ * Qwen3-30B-A3B MoE layer (weights from DRAM) 0.87-1.03x at T=512 (32 tokens an expert),
+ * 1.46-1.71x at T=2048. */
+#define KT_AMX_MIN_TOKENS_ROW8 24
+#define KT_AMX_MIN_TOKENS_ROW8_I8 64
 
 /* The exact path's prefill GEMM (gemm.c): builds with AVX2 and FMA, from
  * KT_GEMM_MIN_TOKENS tokens. KT_GEMM_TOKENS = its token tile. */
@@ -218,7 +226,7 @@ void kt_row8_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, i
                       const kt_acts *acts);
 
 /* Per-thread buffers (threadbuf.c), grown on demand and kept; one per slot. */
-enum { KT_BUF_ACTS = 0, KT_BUF_GEMM_PANEL = 1, KT_BUF_ROW8 = 2, KT_THREAD_BUF_SLOTS = 3 };
+enum { KT_BUF_ACTS = 0, KT_BUF_GEMM_PANEL = 1, KT_BUF_ROW8 = 2, KT_BUF_AMX_PANEL = 3, KT_THREAD_BUF_SLOTS = 4 };
 void *kt_thread_buffer(int slot, size_t bytes);
 
 /* out[i * ldo + (r - r0)] = dot(W row r, token i) for i in [0, acts->m), r in [r0, r1).

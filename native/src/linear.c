@@ -22,6 +22,7 @@
 #include "simd_float.h"
 #include "simd_int.h"
 #include "simd_amx.h"
+#include "simd_amx_row8.h"
 #include "simd_dequant.h"
 
 #define TOKEN_TILE 4
@@ -263,7 +264,17 @@ void kt_matrix_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0,
                         const kt_acts *acts)
 {
     if (w->layout == KT_LAYOUT_ROW8) {
-        kt_row8_rows_f32(out, ldo, w, r0, r1, acts);
+        int64_t from = r0;
+#if defined(KT_HAVE_AMX)
+        /* full 16-row blocks on the BF16 tiles when the tokens were laid out for them */
+        if (acts->amx_bf16 && r1 - r0 >= AMX_ROWS) {
+            int64_t to = r0 + (r1 - r0) / AMX_ROWS * AMX_ROWS;
+            if (amx_row8_rows(out, ldo, w, r0, r0, to, acts) == KT_OK)
+                from = to;
+        }
+#endif
+        if (from < r1)
+            kt_row8_rows_f32(out + (from - r0), ldo, w, from, r1, acts);
         return;
     }
     if (acts->xt) {

@@ -19,7 +19,10 @@ the size of the sum without cancellation, the scale f32 rounding errors follow.
   acts="int16":  (KT_ACTS_INT16) as int8 with int16 codes (scale max/32767): ref
                  = the int16-quantized x @ W.dequantize()^T, bound 1e-6; against
                  the unquantized x 2e-5 (measured <= 8.5e-6, int8 3.2e-3).
-AMX tiles (amx variant, opt-in): the same bounds with the tile path enabled.
+AMX tiles (amx variant, opt-in): the same bounds with the tile path enabled. ROW8
+                 INT4 and I8 matrices meet the BF16 tiles there from 24 and 64 tokens,
+                 through bf16 copies of x and of their rows (tile_weights;
+                 test_row8_layout.py).
 """
 
 import pytest
@@ -29,7 +32,7 @@ from kt_cli.errors import KtError
 from kt_cli.ops import Pool
 from kt_cli.ops.linear import kernel_layout
 from kt_cli.ops.linear import linear as linear_on
-from kt_weights.layout import Format, QMatrix, quantize_reference
+from kt_weights.layout import Format, QMatrix, from_row8, quantize_reference
 
 BF16_ACT_VARIANTS = {"avx512_bf16", "amx"}
 TOKENS = [1, 3, 8, 33]
@@ -51,6 +54,23 @@ def rel_err(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
     x, w = x.double(), w.double()
     magnitude = (x.abs() @ w.abs().T).norm().clamp_min(1e-30)
     return ((out.double() - x @ w.T).norm() / magnitude).item()
+
+
+# kt_internal.h KT_AMX_MIN_TOKENS_ROW8(_I8): from these token counts ROW8 matrices meet the BF16 tiles
+AMX_ROW8_MIN_TOKENS = {Format.I4: 24, Format.I8: 64}
+
+
+def bf16_round(t: torch.Tensor) -> torch.Tensor:
+    """t rounded to float32, then to bfloat16 (nearest even), as float64"""
+    return t.float().bfloat16().double()
+
+
+def tile_weights(w: QMatrix) -> torch.Tensor:
+    """An INT4/I8 matrix as the amx variant copies ROW8 rows for the BF16 tiles
+    (simd_amx_row8.h): s * c + off rounded once to float32 (one fma), then to bf16."""
+    rows = from_row8(w) if w.row8 else w
+    mins = None if rows.min is None else rows.min.double()
+    return bf16_round(rows._dequantize_codes(rows.data, rows.scale.double(), mins))
 
 
 def _randn(*shape, seed):

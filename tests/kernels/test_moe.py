@@ -12,7 +12,10 @@ Error bound: ||out - ref|| / ||ref|| over the whole output.
   (f32 vs f64 accumulation, plus the rare intermediate code that rounds the
   other way);
   BF16 on variants whose kernels round activations to bf16: < 3e-2.
-  AMX tiles (amx variant, on unless KT_AMX_TILES=0): the same bounds.
+  AMX tiles (amx variant, on unless KT_AMX_TILES=0): the same bounds. Units of
+  >= 24 (INT4) or 64 (I8) tokens on ROW8 experts run on the BF16 tiles there, through bf16
+  copies of x, the intermediate and the experts' rows (tile_weights), and the
+  second reference rounds those units' operands so.
 """
 
 from dataclasses import dataclass
@@ -27,8 +30,11 @@ from kt_cli.ops import Ops
 from kt_cli.ops.moe import MoEExperts
 from kt_weights.layout import Format, QMatrix, quantize_reference
 
+from test_linear import AMX_ROW8_MIN_TOKENS, bf16_round, tile_weights
+
 E, H, I, K = 8, 384, 256, 4
 ACT_BLOCK = 32
+UNIT_TOKENS = 128       # moe.c: an expert's (token, k) pairs are cut into units of at most this many
 BF16_ACT_VARIANTS = {"avx512_bf16", "amx"}
 
 # name -> (format, group or None (per channel: group = cols), symmetric)
@@ -116,17 +122,26 @@ def int8_blocks(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(xb / scale).clamp(-127, 127).double() * scale.double()).reshape(m, n)
 
 
-def moe_reference(name, x, ids, weights, activation="silu", limit=0.0, alpha=1.0, int8_acts=False):
-    gate, up, down = dequantized(name)
-    acts = int8_blocks if int8_acts else (lambda t: t)
+@lru_cache(maxsize=None)
+def on_tiles(name: str) -> tuple[list, list, list]:
+    return tuple([tile_weights(m) for m in mats] for mats in experts(name))
+
+
+def moe_reference(name, x, ids, weights, activation="silu", limit=0.0, alpha=1.0, int8_acts=False,
+                  tiles_from=None):
+    """int8_acts: x and the intermediate in int8 blocks, as the kernels quantize them; with
+    tiles_from too, units of at least that many tokens in bf16 against the tiles' bf16 weights."""
     out = torch.zeros(x.shape[0], H, dtype=torch.float64)
     for e in range(E):
-        tok, slot = (ids == e).nonzero(as_tuple=True)
-        if tok.numel() == 0:
-            continue
-        xs = acts(x[tok].double())
-        h = acts(activation_ref(xs @ gate[e].T, xs @ up[e].T, activation, limit, alpha))
-        out.index_add_(0, tok, (h @ down[e].T) * weights[tok, slot, None].double())
+        tok, slot = (ids == e).nonzero(as_tuple=True)      # (t, k) order: the kernel's units
+        for u in range(0, tok.numel(), UNIT_TOKENS):
+            t, s = tok[u:u + UNIT_TOKENS], slot[u:u + UNIT_TOKENS]
+            bf16 = tiles_from is not None and t.numel() >= tiles_from
+            acts = bf16_round if bf16 else int8_blocks if int8_acts else (lambda v: v)
+            gate, up, down = (m[e] for m in (on_tiles(name) if bf16 else dequantized(name)))
+            xs = acts(x[t].double())
+            h = acts(activation_ref(xs @ gate.T, xs @ up.T, activation, limit, alpha))
+            out.index_add_(0, t, (h @ down.T) * weights[t, s, None].double())
     return out
 
 
@@ -134,12 +149,21 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def assert_close(out, name: str, variant: str, x, ids, weights, **act) -> None:
-    fmt = FORMATS[name][0]
+def tiles_from(moe: MoEExperts) -> int | None:
+    """The unit size from which the layer's ROW8 experts go to the BF16 tiles (AMX tiles on), or None"""
+    mats = [m for group in moe.weights for m in group]
+    if not (moe.pool.amx_tiles and all(m.row8 for m in mats)):
+        return None
+    return AMX_ROW8_MIN_TOKENS[mats[0].format]
+
+
+def assert_close(out, moe: MoEExperts, name: str, x, ids, weights, **act) -> None:
+    fmt, variant = FORMATS[name][0], moe.pool.kernels.variant
     exact = rel_err(out, moe_reference(name, x, ids, weights, **act))
     if fmt in (Format.I8, Format.I4):
         assert exact < 2e-2
-        assert rel_err(out, moe_reference(name, x, ids, weights, int8_acts=True, **act)) < 1e-3
+        as_computed = moe_reference(name, x, ids, weights, int8_acts=True, tiles_from=tiles_from(moe), **act)
+        assert rel_err(out, as_computed) < 1e-3
     elif fmt == Format.BF16 and variant in BF16_ACT_VARIANTS:
         assert exact < 3e-2
     else:
@@ -162,7 +186,7 @@ def test_matches_reference(variant, name, T):
     ids, weights = routing(T, seed=T)
     out = moe.forward(x, ids, weights)
     assert out.shape == (T, H) and out.dtype == torch.float32
-    assert_close(out, name, variant.name, x, ids, weights)
+    assert_close(out, moe, name, x, ids, weights)
 
 
 @pytest.mark.parametrize("T", [1, 37])
@@ -175,7 +199,7 @@ def test_row_layout_matches_reference(variant, name, T):
     assert not any(m.in_memory_layout for mats in rows.weights for m in mats)
     x = tokens(T)
     ids, weights = routing(T, seed=T)
-    assert_close(rows.forward(x, ids, weights), name, variant.name, x, ids, weights)
+    assert_close(rows.forward(x, ids, weights), rows, name, x, ids, weights)
 
 
 @pytest.mark.parametrize("T", [1, 3, 8, 37, 130])
@@ -188,7 +212,7 @@ def test_i4_layouts_match_reference(variant, name, row8, T):
     assert all(m.row8 == row8 and m.tiled != row8 for mats in moe.weights for m in mats)
     x = tokens(T)
     ids, weights = routing(T, seed=T + 1)
-    assert_close(moe.forward(x, ids, weights), name, variant.name, x, ids, weights)
+    assert_close(moe.forward(x, ids, weights), moe, name, x, ids, weights)
 
 
 @pytest.mark.parametrize("name", SOME_FORMATS)
@@ -199,7 +223,7 @@ def test_all_tokens_on_one_expert(variant, name):
     ids = torch.full((T, K), -1, dtype=torch.int32)
     ids[:, 1] = 5
     weights = torch.rand(T, K)
-    assert_close(moe.forward(x, ids, weights), name, variant.name, x, ids, weights)
+    assert_close(moe.forward(x, ids, weights), moe, name, x, ids, weights)
 
 
 @pytest.mark.parametrize("name", SOME_FORMATS)
@@ -210,7 +234,7 @@ def test_duplicate_ids_in_top_k(variant, name):
     ids = torch.full((T, K), 2, dtype=torch.int32)
     ids[::3, 0] = 6
     weights = torch.rand(T, K)
-    assert_close(moe.forward(x, ids, weights), name, variant.name, x, ids, weights)
+    assert_close(moe.forward(x, ids, weights), moe, name, x, ids, weights)
 
 
 def test_masked_ids_give_zero_rows(variant):
@@ -222,7 +246,7 @@ def test_masked_ids_give_zero_rows(variant):
     ids[5, :] = torch.tensor([-1, 3, -1, -7], dtype=torch.int32)
     out = moe.forward(x, ids, weights)
     assert torch.all(out[2] == 0)
-    assert_close(out, "i8_g32", variant.name, x, ids, weights)
+    assert_close(out, moe, "i8_g32", x, ids, weights)
     all_masked = moe.forward(x, torch.full_like(ids, -1), weights)
     assert torch.all(all_masked == 0)
 
@@ -235,7 +259,7 @@ def test_swiglu_clamp(variant, name, T):
     x = tokens(T)
     ids, weights = routing(T, seed=11)
     act = dict(activation="swiglu_clamp", limit=limit, alpha=alpha)
-    assert_close(moe.forward(x, ids, weights), name, variant.name, x, ids, weights, **act)
+    assert_close(moe.forward(x, ids, weights), moe, name, x, ids, weights, **act)
     clamped = moe_reference(name, x, ids, weights, **act)
     assert rel_err(moe_reference(name, x, ids, weights).float(), clamped) > 0.1
 
@@ -247,7 +271,7 @@ def test_silu_far_into_both_tails(variant, name):
     moe = layer(name, variant.ops)
     x = tokens(23) * 50
     ids, weights = routing(23, seed=13)
-    assert_close(moe.forward(x, ids, weights), name, variant.name, x, ids, weights)
+    assert_close(moe.forward(x, ids, weights), moe, name, x, ids, weights)
 
 
 @pytest.mark.parametrize("name", ["bf16", "i4_g32_sym"])
@@ -345,4 +369,4 @@ def test_amx_tiles_match_reference(variant, name, monkeypatch):
     for T in (16, 37, 130):
         x = tokens(T)
         ids, weights = routing(T, seed=T)
-        assert_close(moe.forward(x, ids, weights), name, variant.name, x, ids, weights)
+        assert_close(moe.forward(x, ids, weights), moe, name, x, ids, weights)

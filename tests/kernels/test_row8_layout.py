@@ -6,25 +6,43 @@ has it (kt_row8_kernel), and int16 ones too, split into pairs of int8 rows with
 KT_SPLIT_MAX levels instead of 32767 (the bound then fails against 32767 levels:
 9e-6 > 1e-6); float activations and builds without the kernel read a copy in the
 row layout. Scales and mins that are all exact halves (GGUF's) move to float16
-(kt.h KT_SCALE_F16), and every kernel path runs on those too. The MoE
-operator puts I4 experts in ROW8 by default where the kernel exists: test_moe.py."""
+(kt.h KT_SCALE_F16), and every kernel path runs on those too. On the amx variant
+with its tiles on, rows in full 16-row blocks meet bf16 x on the BF16 tiles from
+24 (INT4) or 64 (I8) tokens (int8_linear_error). The MoE operator puts I4 experts in ROW8 by
+default where the kernel exists: test_moe.py."""
 
 import numpy as np
 import pytest
 import torch
 
-from kt_cli.ops import decode_layout
+from kt_cli.ops import Pool, decode_layout
+from kt_cli.ops.linear import linear as linear_on
 from kt_weights.errors import WeightsError
 from kt_weights.ktformat import matrix_entry
 from kt_weights.layout import Format, LayoutError, QMatrix, can_row8, from_row8, quantize_reference, to_row8
 
-from test_linear import QUANT_EXACT_BOUND, _acts_reference, _randn, rel_err
+from test_linear import (AMX_ROW8_MIN_TOKENS, QUANT_EXACT_BOUND, _acts_reference, _randn, bf16_round, rel_err,
+                         tile_weights)
 
 ROW8_CASES = [  # rows, cols, group: one or many 8-row groups, one or many blocks per group
     (8, 64, 32), (16, 128, 64), (24, 192, 64), (40, 256, 128), (8, 512, 256), (64, 2048, 32),
 ]
 SPLIT_MAX = 32639   # kt_internal.h KT_SPLIT_MAX: int16 activations of a ROW8 matrix, as int8 pairs
 TOKENS = [1, 2, 3, 5, 8, 9, 16, 37]     # token tiles of 1-8, several tiles, the exact path's GEMM
+
+
+def int8_linear_error(pool, out: torch.Tensor, x: torch.Tensor, w: QMatrix) -> float:
+    """rel_err of kt_linear's int8-activation output on ROW8 w against what it computes: int8
+    blocks of x, except where the amx variant with its tiles on takes full 16-row blocks to the
+    BF16 tiles from AMX_ROW8_MIN_TOKENS tokens (rows below rows // 16 * 16: kt_linear's tasks
+    start at multiples of 48 rows there), bf16 x against tile_weights(w)."""
+    wd = w.dequantize().double()
+    expected = _acts_reference(x) @ wd.T
+    if pool.amx_tiles and x.shape[0] >= AMX_ROW8_MIN_TOKENS[w.format]:
+        tiles = w.rows // 16 * 16
+        expected[:, :tiles] = bf16_round(x) @ tile_weights(w)[:tiles].T
+    magnitude = (x.double().abs() @ wd.abs().T).norm().clamp_min(1e-30)
+    return ((out.double() - expected).norm() / magnitude).item()
 
 
 def _with_half_scales(w: QMatrix) -> QMatrix:
@@ -100,7 +118,7 @@ def test_linear_on_row8_weights(ops, rows, cols, group, symmetric, scales, m):
     r8 = to_row8(w)
     assert r8.scale.dtype == (torch.float16 if scales == "f16" else torch.float32)
     x = _randn(m, cols, seed=m + cols)
-    assert rel_err(ops.linear(x, r8), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
+    assert int8_linear_error(ops.pool, ops.linear(x, r8), x, w) < QUANT_EXACT_BOUND
     assert rel_err(ops.linear(x, r8, acts="f32"), x, w.dequantize()) < QUANT_EXACT_BOUND
     assert rel_err(ops.linear(x, r8, acts="int16"), _acts_reference(x, SPLIT_MAX), w.dequantize()) < QUANT_EXACT_BOUND
 
@@ -111,7 +129,29 @@ def test_linear_on_row8_weights(ops, rows, cols, group, symmetric, scales, m):
 def test_linear_on_row8_weights_past_a_token_chunk(ops, rows, cols, group, scales, m):
     w = _quantized(rows, cols, group, False, rows + m, scales)
     x = _randn(m, cols, seed=m)
-    assert rel_err(ops.linear(x, to_row8(w)), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
+    assert int8_linear_error(ops.pool, ops.linear(x, to_row8(w)), x, w) < QUANT_EXACT_BOUND
+
+
+@pytest.mark.parametrize("extra", [0, 13, 66], ids=["at", "past", "far"])
+@pytest.mark.parametrize("scales", ["f32", "f16"])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("fmt", [Format.I4, Format.I8], ids=["i4", "i8"])
+def test_amx_tiles_take_row8_prefill(ops, fmt, symmetric, scales, extra):
+    """amx variant, from AMX_ROW8_MIN_TOKENS tokens: 40 rows, so 32 go to the BF16 tiles and 8 to
+    the 8-row kernel; each part against its own reference, the tiles' part far from the int8
+    one (so the tiles ran), and the same matrix on a pool without tiles back on int8."""
+    if ops.kernels.variant != "amx":
+        pytest.skip(f"AMX tiles: only the amx variant (a CPU with AMX-TILE/INT8/BF16) has them, not {ops.kernels.variant}")
+    m = AMX_ROW8_MIN_TOKENS[fmt] + extra
+    q = quantize_reference(_randn(40, 256, seed=40 + m), fmt, 64, symmetric)
+    w = _with_half_scales(q) if scales == "f16" else _with_float32_scales(q)
+    x = _randn(m, 256, seed=m)
+    tiles, plain = (Pool(ops.kernels, ops.threads, amx_tiles=on) for on in (True, False))
+    out = linear_on(tiles, x, to_row8(w))
+    assert int8_linear_error(tiles, out, x, w) < QUANT_EXACT_BOUND
+    int8_rows = _acts_reference(x) @ w.dequantize().double()[:32].T
+    assert (out[:, :32].double() - int8_rows).norm() / int8_rows.norm() > 1e-4
+    assert int8_linear_error(plain, linear_on(plain, x, to_row8(w)), x, w) < QUANT_EXACT_BOUND
 
 
 def test_decode_layout_picks_row8_where_the_kernel_is(ops):
@@ -237,7 +277,7 @@ def test_i8_row8_extreme_codes_do_not_saturate(ops, m):
     sign = torch.where(torch.arange(cols) // 32 % 3 == 0, -1.0, 1.0)
     x = torch.stack([sign * (-1.0) ** t * (1 + t / 7) for t in range(m)])
     r8 = to_row8(w)
-    assert rel_err(ops.linear(x, r8), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
+    assert int8_linear_error(ops.pool, ops.linear(x, r8), x, w) < QUANT_EXACT_BOUND
     assert rel_err(ops.linear(x, r8, acts="int16"), _acts_reference(x, SPLIT_MAX), w.dequantize()) < QUANT_EXACT_BOUND
 
 
@@ -253,7 +293,7 @@ def test_linear_on_i8_row8_weights(ops, rows, cols, group, symmetric, scales, m)
     w = _with_half_scales(q) if scales == "f16" else q
     r8 = to_row8(w)
     x = _randn(m, cols, seed=m + cols)
-    assert rel_err(ops.linear(x, r8), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
+    assert int8_linear_error(ops.pool, ops.linear(x, r8), x, w) < QUANT_EXACT_BOUND
     assert rel_err(ops.linear(x, r8, acts="f32"), x, w.dequantize()) < QUANT_EXACT_BOUND
     lib = ops.kernels.lib
     levels = SPLIT_MAX if lib.kt_row8_kernel() & lib.KT_ROW8_I8 else 32767
