@@ -179,8 +179,12 @@ int kt_linear_f32(kt_pool *pool, float *out, const float *x, int64_t m, const kt
  * of 32 values (s = max |x| over the block / 32767, so every value is within
  * max |x| / 65534 of x), and multiplied in integers: decode of the dense layers
  * at near float32 accuracy without converting every weight to float. Float
- * formats take KT_ACTS_F32 instead. */
-enum kt_acts_kind { KT_ACTS_INT8 = 0, KT_ACTS_F32 = 1, KT_ACTS_INT16 = 2 };
+ * formats take KT_ACTS_F32 instead.
+ * KT_ACTS_BF16: prefill of ROW8 I8/I4 weights on a pool with AMX tiles on (amx
+ * variant): every full 16-row block multiplies x rounded to bf16 by a bf16 copy
+ * of its rows (each weight within 2^-9 of its value) on the BF16 tiles, the rows
+ * left over take KT_ACTS_INT16; everywhere else it is KT_ACTS_INT16. */
+enum kt_acts_kind { KT_ACTS_INT8 = 0, KT_ACTS_F32 = 1, KT_ACTS_INT16 = 2, KT_ACTS_BF16 = 3 };
 
 int kt_linear(kt_pool *pool, float *out, const float *x, int64_t m, const kt_matrix *w, int32_t acts);
 

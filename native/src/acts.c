@@ -127,15 +127,36 @@ static int splits_int16(const kt_matrix *w, int32_t kind)
     return w->format == KT_I4 || (kt_row8_kernel() & KT_ROW8_I8);
 }
 
+/* KT_ACTS_BF16 (kt.h): bf16 panels for the BF16 tiles beside the split int16 pairs, which
+ * serve the rows the tiles leave; where this is 0 the kind is KT_ACTS_INT16 */
+static int bf16_tiles(const kt_matrix *w, int amx_tiles, int32_t kind)
+{
+#if defined(KT_AMX_BUILD)
+    return kind == KT_ACTS_BF16 && amx_tiles && w->layout == KT_LAYOUT_ROW8 && w->group % 32 == 0 &&
+           splits_int16(w, KT_ACTS_INT16);
+#else
+    (void)w;
+    (void)amx_tiles;
+    (void)kind;
+    return 0;
+#endif
+}
+
+static size_t bf16_panel_bytes(const kt_matrix *w, int64_t m)
+{
+    return ALIGN64((size_t)(m + 15) / 16 * 16 * (size_t)w->cols * 2);
+}
+
 size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int32_t kind)
 {
     if (m < 1 || kt_matrix_check(w) != KT_OK)
         return 0;
-    kind = effective_kind(w, kind);
+    const int tiles = bf16_tiles(w, amx_tiles, kind);
+    kind = effective_kind(w, kind == KT_ACTS_BF16 ? KT_ACTS_INT16 : kind);
     if (kind == KT_ACTS_F32)
         return uses_gemm(m) ? xt_bytes(w, m) : 0;
-    if (splits_int16(w, kind))     /* the int8 pairs, then one int16 row being split */
-        return int_acts_bytes(w, 2 * m, 1) + ALIGN64((size_t)w->cols * 2);
+    if (splits_int16(w, kind))     /* the int8 pairs, then one int16 row being split, then the tiles' panels */
+        return int_acts_bytes(w, 2 * m, 1) + ALIGN64((size_t)w->cols * 2) + (tiles ? bf16_panel_bytes(w, m) : 0);
     if (kind == KT_ACTS_INT16)
         return int_acts_bytes(w, m, 2);
     if (quantized(w->format))
@@ -336,10 +357,11 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
 {
     if (!acts || !x || m < 1 || kt_matrix_check(w) != KT_OK)
         return KT_EINVAL;
-    if (kind != KT_ACTS_INT8 && kind != KT_ACTS_F32 && kind != KT_ACTS_INT16)
+    if (kind != KT_ACTS_INT8 && kind != KT_ACTS_F32 && kind != KT_ACTS_INT16 && kind != KT_ACTS_BF16)
         return KT_EINVAL;
-    kind = effective_kind(w, kind);
     size_t bytes = kt_acts_scratch_bytes(w, m, amx_tiles, kind);
+    const int tiles = bf16_tiles(w, amx_tiles, kind);
+    kind = effective_kind(w, kind == KT_ACTS_BF16 ? KT_ACTS_INT16 : kind);
     if (bytes > 0 && !scratch)
         return KT_EINVAL;
     memset(acts, 0, sizeof *acts);
@@ -358,6 +380,10 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
     }
     if (splits_int16(w, kind)) {
         prepare_split(acts, x, m, w, scratch);
+        if (tiles) {
+            acts->amx_bf16 = (uint16_t *)((char *)scratch + (bytes - bf16_panel_bytes(w, m)));
+            amx_fill_bf16(acts->amx_bf16, x, m, w->cols);
+        }
         return KT_OK;
     }
     if (kind == KT_ACTS_INT16) {

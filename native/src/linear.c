@@ -340,7 +340,7 @@ static int64_t rows_per_task(const kt_matrix *w, const kt_acts *acts, int64_t m,
 static int prepare(kt_acts *acts, kt_pool *pool, const float *x, int64_t m, const kt_matrix *w,
                    int32_t kind)
 {
-    int amx_tiles = kind == KT_ACTS_INT8 ? kt_pool_amx_tiles(pool) : 0;
+    int amx_tiles = kind == KT_ACTS_INT8 || kind == KT_ACTS_BF16 ? kt_pool_amx_tiles(pool) : 0;
     size_t bytes = kt_acts_scratch_bytes(w, m, amx_tiles, kind);
     void *scratch = bytes > 0 ? kt_thread_buffer(KT_BUF_ACTS, bytes) : NULL;
     if (bytes > 0 && !scratch)
@@ -357,7 +357,8 @@ int kt_linear(kt_pool *pool, float *out, const float *x, int64_t m, const kt_mat
 {
     if (!out || !x || m < 1 || kt_matrix_check(w) != KT_OK)
         return KT_EINVAL;
-    if (acts_kind != KT_ACTS_INT8 && acts_kind != KT_ACTS_F32 && acts_kind != KT_ACTS_INT16)
+    if (acts_kind != KT_ACTS_INT8 && acts_kind != KT_ACTS_F32 && acts_kind != KT_ACTS_INT16 &&
+        acts_kind != KT_ACTS_BF16)
         return KT_EINVAL;
     kt_acts acts;
     int rc = prepare(&acts, pool, x, m, w, acts_kind);

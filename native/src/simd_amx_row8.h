@@ -161,14 +161,17 @@ static int amx_row8_rows(float *out, int64_t ldo, const kt_matrix *w, int64_t r0
     uint16_t *panel = kt_thread_buffer(KT_BUF_AMX_PANEL, (size_t)AMX_PANEL_ROWS * (size_t)w->cols * 2);
     if (!panel)
         return KT_ENOMEM;
-    const int64_t n_tb = (a->m + 15) / 16;
+    kt_acts tokens = *a;        /* split int16 pairs (KT_ACTS_BF16) count 2 rows a token; the panel 1 */
+    tokens.m = a->split ? a->m / 2 : a->m;
+    const int64_t n_tb = (tokens.m + 15) / 16;
     const amx_rows_at rows = {panel, AMX_PANEL_ROWS * 32, AMX_ROWS * 32, 64};
     amx_configure(64, 16);
     for (int64_t r = b0; r < b1; r += AMX_PANEL_ROWS) {
         int64_t n = b1 - r < AMX_PANEL_ROWS ? b1 - r : AMX_PANEL_ROWS;
         row8_panel_bf16(panel, w, r, n);
         for (int64_t tb = 0; tb < n_tb; tb += 2)
-            amx_bf16_block(out + (r - r0), ldo, &rows, w->cols / 32, n == 2 * AMX_ROWS, a, tb, n_tb - tb >= 2);
+            amx_bf16_block(out + (r - r0), ldo, &rows, w->cols / 32, n == 2 * AMX_ROWS, &tokens, tb,
+                           n_tb - tb >= 2);
     }
     _tile_release();
     return KT_OK;

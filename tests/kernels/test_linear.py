@@ -19,6 +19,8 @@ the size of the sum without cancellation, the scale f32 rounding errors follow.
   acts="int16":  (KT_ACTS_INT16) as int8 with int16 codes (scale max/32767): ref
                  = the int16-quantized x @ W.dequantize()^T, bound 1e-6; against
                  the unquantized x 2e-5 (measured <= 8.5e-6, int8 3.2e-3).
+  acts="bf16":   (KT_ACTS_BF16) the same as int16 except for ROW8 matrices on pools
+                 with AMX tiles (test_row8_layout.py): bit for bit here.
 AMX tiles (amx variant, opt-in): the same bounds with the tile path enabled. ROW8
                  INT4 and I8 matrices meet the BF16 tiles there from 24 and 64 tokens,
                  through bf16 copies of x and of their rows (tile_weights;
@@ -141,14 +143,16 @@ def test_quantized_formats_int16_activations(ops, fmt, rows, cols, group, symmet
     x[:, 0] = 1000.0
     out = ops.linear(x, w, acts="int16")
     assert rel_err(out, _acts_reference(x, 32767), w.dequantize()) < QUANT_EXACT_BOUND
+    assert torch.equal(ops.linear(x, w, acts="bf16"), out)     # not ROW8: bf16 is int16
 
 
 @pytest.mark.parametrize("m", [1, 5])
 @pytest.mark.parametrize("fmt", [Format.F32, Format.BF16, Format.F16], ids=lambda f: f.name)
-def test_float_formats_take_f32_for_int16(ops, fmt, m):
+def test_float_formats_take_f32_for_int16_and_bf16(ops, fmt, m):
     w = QMatrix(fmt, 37, 96, _randn(37, 96, seed=2).to(FLOAT_DTYPES[fmt]))
     x = _randn(m, 96, seed=3)
     assert rel_err(ops.linear(x, w, acts="int16"), x, w.dequantize()) < 1e-5
+    assert torch.equal(ops.linear(x, w, acts="bf16"), ops.linear(x, w, acts="int16"))
 
 
 def test_unknown_activation_kind_is_refused(ops):

@@ -31,18 +31,28 @@ SPLIT_MAX = 32639   # kt_internal.h KT_SPLIT_MAX: int16 activations of a ROW8 ma
 TOKENS = [1, 2, 3, 5, 8, 9, 16, 37]     # token tiles of 1-8, several tiles, the exact path's GEMM
 
 
-def int8_linear_error(pool, out: torch.Tensor, x: torch.Tensor, w: QMatrix) -> float:
-    """rel_err of kt_linear's int8-activation output on ROW8 w against what it computes: int8
-    blocks of x, except where the amx variant with its tiles on takes full 16-row blocks to the
-    BF16 tiles from AMX_ROW8_MIN_TOKENS tokens (rows below rows // 16 * 16: kt_linear's tasks
-    start at multiples of 48 rows there), bf16 x against tile_weights(w)."""
+def _error_with_tiles(out: torch.Tensor, x: torch.Tensor, w: QMatrix, levels: int, tiles: bool) -> float:
+    """rel_err against x in int blocks of `levels` @ W, except, with tiles, the full 16-row blocks
+    (rows below rows // 16 * 16: kt_linear's tasks start at multiples of 48 rows there), which
+    take bf16 x against tile_weights(w) on the amx variant's BF16 tiles"""
     wd = w.dequantize().double()
-    expected = _acts_reference(x) @ wd.T
-    if pool.amx_tiles and x.shape[0] >= AMX_ROW8_MIN_TOKENS[w.format]:
-        tiles = w.rows // 16 * 16
-        expected[:, :tiles] = bf16_round(x) @ tile_weights(w)[:tiles].T
+    expected = _acts_reference(x, levels) @ wd.T
+    if tiles:
+        n = w.rows // 16 * 16
+        expected[:, :n] = bf16_round(x) @ tile_weights(w)[:n].T
     magnitude = (x.double().abs() @ wd.abs().T).norm().clamp_min(1e-30)
     return ((out.double() - expected).norm() / magnitude).item()
+
+
+def int8_linear_error(pool, out: torch.Tensor, x: torch.Tensor, w: QMatrix) -> float:
+    """acts="int8" on ROW8 w: the tiles take it from AMX_ROW8_MIN_TOKENS tokens (pools with them on)"""
+    return _error_with_tiles(out, x, w, 127, pool.amx_tiles and x.shape[0] >= AMX_ROW8_MIN_TOKENS[w.format])
+
+
+def bf16_linear_error(pool, out: torch.Tensor, x: torch.Tensor, w: QMatrix, levels: int) -> float:
+    """acts="bf16" (kt.h KT_ACTS_BF16) on ROW8 w: the tiles at any token count on pools with them
+    on, the rest (all of it elsewhere) as acts="int16", whose codes have `levels`"""
+    return _error_with_tiles(out, x, w, levels, pool.amx_tiles)
 
 
 def _with_half_scales(w: QMatrix) -> QMatrix:
@@ -121,6 +131,7 @@ def test_linear_on_row8_weights(ops, rows, cols, group, symmetric, scales, m):
     assert int8_linear_error(ops.pool, ops.linear(x, r8), x, w) < QUANT_EXACT_BOUND
     assert rel_err(ops.linear(x, r8, acts="f32"), x, w.dequantize()) < QUANT_EXACT_BOUND
     assert rel_err(ops.linear(x, r8, acts="int16"), _acts_reference(x, SPLIT_MAX), w.dequantize()) < QUANT_EXACT_BOUND
+    assert bf16_linear_error(ops.pool, ops.linear(x, r8, acts="bf16"), x, w, SPLIT_MAX) < QUANT_EXACT_BOUND
 
 
 @pytest.mark.parametrize("m", [64, 65, 130])      # kt's 8-row kernel walks tokens in chunks of 64
@@ -147,11 +158,18 @@ def test_amx_tiles_take_row8_prefill(ops, fmt, symmetric, scales, extra):
     w = _with_half_scales(q) if scales == "f16" else _with_float32_scales(q)
     x = _randn(m, 256, seed=m)
     tiles, plain = (Pool(ops.kernels, ops.threads, amx_tiles=on) for on in (True, False))
-    out = linear_on(tiles, x, to_row8(w))
+    r8 = to_row8(w)
+    out = linear_on(tiles, x, r8)
     assert int8_linear_error(tiles, out, x, w) < QUANT_EXACT_BOUND
     int8_rows = _acts_reference(x) @ w.dequantize().double()[:32].T
     assert (out[:, :32].double() - int8_rows).norm() / int8_rows.norm() > 1e-4
-    assert int8_linear_error(plain, linear_on(plain, x, to_row8(w)), x, w) < QUANT_EXACT_BOUND
+    assert int8_linear_error(plain, linear_on(plain, x, r8), x, w) < QUANT_EXACT_BOUND
+    # acts="bf16": the tiles from one token on, int16 for the other 8 rows; without tiles all int16
+    few = x[:3]
+    on_tiles, int16 = linear_on(tiles, few, r8, "bf16"), linear_on(tiles, few, r8, "int16")
+    assert bf16_linear_error(tiles, on_tiles, few, w, SPLIT_MAX) < QUANT_EXACT_BOUND
+    assert torch.equal(on_tiles[:, 32:], int16[:, 32:]) and not torch.equal(on_tiles[:, :32], int16[:, :32])
+    assert torch.equal(linear_on(plain, few, r8, "bf16"), linear_on(plain, few, r8, "int16"))
 
 
 def test_decode_layout_picks_row8_where_the_kernel_is(ops):
@@ -298,3 +316,4 @@ def test_linear_on_i8_row8_weights(ops, rows, cols, group, symmetric, scales, m)
     lib = ops.kernels.lib
     levels = SPLIT_MAX if lib.kt_row8_kernel() & lib.KT_ROW8_I8 else 32767
     assert rel_err(ops.linear(x, r8, acts="int16"), _acts_reference(x, levels), w.dequantize()) < QUANT_EXACT_BOUND
+    assert bf16_linear_error(ops.pool, ops.linear(x, r8, acts="bf16"), x, w, levels) < QUANT_EXACT_BOUND

@@ -1,7 +1,8 @@
 """Which activations dense layers give quantized weights (kt_cli.layers.linear decode_acts,
 dense_acts): in decode int8 against 4-bit codes, int16 against 8-bit ones; from
 GEMM_MIN_TOKENS tokens float32, or int16 where the build's 8-row kernel runs the matrix in its
-VNNI 16-row form (ops.prefill_acts); checked on the output against fp64 references of each choice.
+VNNI 16-row form, bf16 there on pools with AMX tiles (ops.prefill_acts); checked on the output
+against fp64 references of each choice.
 A decode plan gives its whole layer one kind (int16 if any projection takes it), and
 the modules follow it."""
 
@@ -32,13 +33,24 @@ def rel_err(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / (x.double().abs() @ w.double().abs().T).norm())
 
 
-def layer_of(fmt: Format, rows: int = 96, cols: int = 256, seed: int = 0) -> tuple[Linear, torch.Tensor]:
+def weight_of(fmt: Format, rows: int = 96, cols: int = 256, seed: int = 0) -> QMatrix:
     w = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
     if fmt.quantized:
-        q = quantize_reference(w, fmt, 32, fmt == Format.I8)
-    else:
-        q = QMatrix(fmt, rows, cols, w.to(torch.bfloat16))
+        return quantize_reference(w, fmt, 32, fmt == Format.I8)
+    return QMatrix(fmt, rows, cols, w.to(torch.bfloat16))
+
+
+def layer_of(fmt: Format, rows: int = 96, cols: int = 256, seed: int = 0) -> tuple[Linear, torch.Tensor]:
+    q = weight_of(fmt, rows, cols, seed)
     return Linear(q, None, CPU), q.dequantize()
+
+
+def tiles_reference(x: torch.Tensor, q: QMatrix) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and q as KT_ACTS_BF16 meets them on the BF16 tiles (kt.h): x in bf16, each weight
+    s * c + off rounded once to float32 (an fma), then to bf16; all in fp64"""
+    mins = None if q.min is None else q.min.double()
+    w = q._dequantize_codes(q.data, q.scale.double(), mins)
+    return x.float().bfloat16().double(), w.float().bfloat16().double()
 
 
 @pytest.mark.parametrize("m", [1, 3, GEMM_MIN_TOKENS - 1])
@@ -63,14 +75,22 @@ def test_prefill_takes_int16_where_the_16_row_kernel_is(fmt, form):
     """int16 (as int8 pairs, SPLIT_MAX levels) for ROW8 matrices on builds whose 8-row kernel
     runs them in its VNNI 16-row form (kt.h kt_row8_kernels: KT_ROW8_I4_PREFILL for INT4,
     KT_ROW8_I8 for I8, with KT_ROW8_DPBUSD; the AVX512BW-only builds have both forms without
-    VNNI and keep float32), float32 elsewhere; either within f32 rounding of its own reference."""
+    VNNI and keep float32), float32 elsewhere; either within f32 rounding of its own reference.
+    Where the pool runs AMX tiles (amx variant) those matrices take bf16 instead (KT_ACTS_BF16;
+    96 rows: all on the tiles), within f32 rounding of the bf16 reference and within bf16's
+    rounding (2^-9 of x and of each weight) of the exact one."""
     linear, w = layer_of(fmt)
     x = torch.randn(GEMM_MIN_TOKENS + 3, w.shape[1], generator=torch.Generator().manual_seed(5))
     lib = ops.pool().kernels.lib
     vnni_form = bool(lib.kt_row8_kernel() & lib.KT_ROW8_DPBUSD)     # the AVX512BW-only form keeps the GEMM
     has_form = linear.qweight.row8 and vnni_form and bool(lib.kt_row8_kernel() & getattr(lib, form))
-    assert linear.prefill_acts == ("int16" if has_form else "f32")
+    tiles = has_form and ops.pool().amx_tiles
+    assert linear.prefill_acts == ("bf16" if tiles else "int16" if has_form else "f32")
     assert dense_acts(x.shape[0], linear.decode_acts, linear.prefill_acts) == linear.prefill_acts
+    if tiles:
+        assert rel_err(linear(x), *tiles_reference(x, weight_of(fmt))) < 1e-6
+        assert rel_err(linear(x), x, w) < 3e-3
+        return
     reference = acts_reference(x, SPLIT_MAX) if has_form else x
     assert rel_err(linear(x), reference, w) < 1e-6
     assert rel_err(linear(x), x, w) < 2e-5
