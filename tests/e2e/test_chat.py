@@ -210,7 +210,10 @@ def _check_ctrl_c_stops_the_reply(tiny, child, screen, tmp_path, conversation):
     assert kept[:-2] == conversation and kept[-2]["content"] == "Tell me a long story"
     full = tiny.reply(conversation + [kept[-2]], max_tokens=stopped_after + 8)
     assert kept[-1]["content"] and full.startswith(kept[-1]["content"])   # what was shown, and only that
-    assert squeeze(kept[-1]["content"]) in squeeze(screen.text.replace("^C", ""))   # the tty echoes ^C
+    shown = screen.text.replace("^C", "")       # the tty echoes ^C
+    asked = shown.rfind("Tell me a long story")
+    assert squeeze(kept[-1]["content"]) in squeeze(shown), \
+        f"saved {kept[-1]['content']!r}, but the screen shows {shown[asked:asked + 400]!r}"
 
     screen.command(f"/set max_tokens {MAX_TOKENS}", f"max_tokens = {MAX_TOKENS}")
     tokens, _ = screen.say("Short one")      # the engine let the stopped request go
