@@ -87,13 +87,19 @@ static size_t n_act_blocks(int64_t cols)
     return (size_t)(cols + KT_ACT_BLOCK - 1) / KT_ACT_BLOCK;
 }
 
+/* The BF16 panels of m tokens (simd_amx.h), padded to whole token blocks */
+static size_t bf16_panel_bytes(const kt_matrix *w, int64_t m)
+{
+    return ALIGN64((size_t)(m + 15) / 16 * 16 * (size_t)w->cols * 2);
+}
+
 static size_t amx_bytes(const kt_matrix *w, int64_t m, int amx_tiles)
 {
     if (!uses_amx(w, m, amx_tiles))
         return 0;
-    size_t m16 = (size_t)(m + 15) / 16 * 16, cols = (size_t)w->cols;
     if (w->format == KT_BF16 || w->layout == KT_LAYOUT_ROW8)
-        return ALIGN64(m16 * cols * 2);
+        return bf16_panel_bytes(w, m);
+    size_t m16 = (size_t)(m + 15) / 16 * 16, cols = (size_t)w->cols;
     return ALIGN64(m16 * cols) + ALIGN64(m16 * (cols / (size_t)w->group) * 4) +
            ALIGN64(m16 * n_act_blocks(w->cols) * 4);
 }
@@ -140,11 +146,6 @@ static int bf16_tiles(const kt_matrix *w, int amx_tiles, int32_t kind)
     (void)kind;
     return 0;
 #endif
-}
-
-static size_t bf16_panel_bytes(const kt_matrix *w, int64_t m)
-{
-    return ALIGN64((size_t)(m + 15) / 16 * 16 * (size_t)w->cols * 2);
 }
 
 size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int32_t kind)

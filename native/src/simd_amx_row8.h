@@ -22,26 +22,20 @@
 #define KT_SIMD_AMX_ROW8_H
 
 #include "simd_amx.h"
+#include "simd_row8.h"
 #if defined(KT_HAVE_AMX)
 
 #define AMX_PANEL_ROWS 32
 
-/* 8 consecutive entries of w's scale or min (t), float32 or half (kt.h KT_SCALE_F16) */
-static inline __m256 row8_load8(const kt_matrix *w, const float *t, int64_t at)
-{
-    if (w->scale_type == KT_SCALE_F16)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)t + at)));
-    return _mm256_loadu_ps(t + at);
-}
-
 /* Weight group g of 8-row group gi: row r's values are s[r] * code + off[r] */
 static inline void row8_coeffs(const kt_matrix *w, int64_t gi, int64_t g, float s[8], float off[8])
 {
-    const int64_t at = (gi * (w->cols / w->group) + g) * KT_ROW8_ROWS;
-    const __m256 vs = row8_load8(w, w->scale, at);
+    const int half = w->scale_type == KT_SCALE_F16;
+    const int64_t at = (gi * (w->cols / w->group) + g) * KT_ROW8_ROWS * (half ? 2 : 4);
+    const __m256 vs = load_scales8((const char *)w->scale + at, half);
     __m256 voff = _mm256_setzero_ps();
     if (w->min)
-        voff = row8_load8(w, w->min, at);
+        voff = load_scales8((const char *)w->min + at, half);
     else if (w->format == KT_I4)
         voff = _mm256_mul_ps(vs, _mm256_set1_ps(-8.0f));
     _mm256_storeu_ps(s, vs);
