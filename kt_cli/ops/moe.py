@@ -18,6 +18,8 @@ from . import hugepages, numa
 from .ffi_args import OpError, check_status, check_tensor, kt_matrix, pointer
 from .linear import decode_layout
 
+GEMM_MIN_TOKENS = 16   # native/src/kt_internal.h KT_GEMM_MIN_TOKENS
+
 ACTIVATIONS = {"silu": 0, "swiglu_clamp": 1}
 MAX_TOP_K = 4096
 
@@ -133,6 +135,16 @@ class MoEExperts:
     def pool(self):
         """The Pool this layer's experts run on"""
         return self._pool
+
+    @property
+    def float_acts_from(self) -> int | None:
+        """The unit size (tokens of one expert, at most 128 a unit) from which these experts meet
+        float32 activations in the GEMM instead of int8 ones, or None: I8 with groups of at most 32
+        on the avx2 variant (native/src/acts.c kt_acts_expert_kind)"""
+        m = self.weights[0][0]
+        if self._pool.kernels.variant != "avx2" or m.format != Format.I8 or m.group > 32 or m.row8:
+            return None
+        return GEMM_MIN_TOKENS
 
     def native_handle(self):
         """The kt_moe * (cffi) for native callers (kt_decode_moe), after any pending job; valid

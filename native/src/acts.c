@@ -61,6 +61,22 @@ static int uses_gemm(int64_t m)
 #endif
 }
 
+/* AVX2 builds (no AVX-512), from KT_GEMM_MIN_TOKENS tokens: I8 with groups of at most 32
+ * goes to the GEMM. Its integer tiles spend a vpsignb, a vpmaddwd and a float scaling per
+ * 32 products (one MoE layer, Q8_0-like, T=512 on a 2-core Zen 3: 1.15x with the GEMM);
+ * per-channel I8 keeps them (0.77x with the GEMM), and so do INT4 and the float formats. */
+int32_t kt_acts_expert_kind(const kt_matrix *w, int64_t m)
+{
+#if defined(KT_GEMM_BUILD) && !defined(__AVX512F__)
+    if (w->format == KT_I8 && w->group <= 32 && w->layout != KT_LAYOUT_ROW8 && uses_gemm(m))
+        return KT_ACTS_F32;
+#else
+    (void)w;
+    (void)m;
+#endif
+    return KT_ACTS_INT8;
+}
+
 static size_t xt_bytes(const kt_matrix *w, int64_t m)
 {
     size_t tiles = (size_t)(m + KT_GEMM_TOKENS - 1) / KT_GEMM_TOKENS;

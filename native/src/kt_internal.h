@@ -158,6 +158,9 @@ size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int32
  * build and shape allow). */
 int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w, int amx_tiles,
                     int32_t kind, void *scratch);
+/* The activations an MoE expert's m rows take against w: KT_ACTS_INT8, or KT_ACTS_F32 where
+ * this build's float32 GEMM is the faster kernel for w (acts.c) */
+int32_t kt_acts_expert_kind(const kt_matrix *w, int64_t m);
 
 /* quant.c helpers that acts.c shares: max |x[i]| (NaN ignored), and one token row
  * in int8 blocks of KT_ACT_BLOCK, q = rint(x / s), s = max |x| over the block / 127. */

@@ -165,7 +165,7 @@ static void activate(const kt_moe_desc *d, float *g, const float *u, int64_t n)
 static void prepare_or_flag(moe_plan *p, kt_acts *acts, const float *x, int64_t m,
                             const kt_matrix *w, void *scratch)
 {
-    if (kt_acts_prepare(acts, x, m, w, p->amx_tiles, KT_ACTS_INT8, scratch) != KT_OK) {
+    if (kt_acts_prepare(acts, x, m, w, p->amx_tiles, kt_acts_expert_kind(w, m), scratch) != KT_OK) {
         memset(acts, 0, sizeof *acts);
         atomic_store_explicit(&p->failed, 1, memory_order_relaxed);
     }
@@ -358,6 +358,11 @@ static void fill_pairs(kt_moe *moe, moe_plan *p, const int32_t *ids, const float
     p->first_unit[a] = u;
 }
 
+static size_t unit_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles)
+{
+    return kt_acts_scratch_bytes(w, m, amx_tiles, kt_acts_expert_kind(w, m));
+}
+
 static int assign_acts_scratch(kt_moe *moe, moe_plan *p)
 {
     carve c = {NULL, 0};
@@ -369,8 +374,8 @@ static int assign_acts_scratch(kt_moe *moe, moe_plan *p)
         }
         for (int32_t u = 0; u < p->n_units; u++) {
             const moe_unit *un = &p->units[u];
-            void *g = take(&c, kt_acts_scratch_bytes(&moe->desc.gate[un->expert], un->m, p->amx_tiles, KT_ACTS_INT8));
-            void *dn = take(&c, kt_acts_scratch_bytes(&moe->desc.down[un->expert], un->m, p->amx_tiles, KT_ACTS_INT8));
+            void *g = take(&c, unit_scratch_bytes(&moe->desc.gate[un->expert], un->m, p->amx_tiles));
+            void *dn = take(&c, unit_scratch_bytes(&moe->desc.down[un->expert], un->m, p->amx_tiles));
             if (pass == 1) {
                 p->scr_gu[u] = g;
                 p->scr_dn[u] = dn;

@@ -128,16 +128,18 @@ def on_tiles(name: str) -> tuple[list, list, list]:
 
 
 def moe_reference(name, x, ids, weights, activation="silu", limit=0.0, alpha=1.0, int8_acts=False,
-                  tiles_from=None):
+                  tiles_from=None, float_from=None):
     """int8_acts: x and the intermediate in int8 blocks, as the kernels quantize them; with
-    tiles_from too, units of at least that many tokens in bf16 against the tiles' bf16 weights."""
+    tiles_from too, units of at least that many tokens in bf16 against the tiles' bf16 weights;
+    with float_from, units of at least that many tokens exact (float32 activations)."""
     out = torch.zeros(x.shape[0], H, dtype=torch.float64)
     for e in range(E):
         tok, slot = (ids == e).nonzero(as_tuple=True)      # (t, k) order: the kernel's units
         for u in range(0, tok.numel(), UNIT_TOKENS):
             t, s = tok[u:u + UNIT_TOKENS], slot[u:u + UNIT_TOKENS]
             bf16 = tiles_from is not None and t.numel() >= tiles_from
-            acts = bf16_round if bf16 else int8_blocks if int8_acts else (lambda v: v)
+            exact = not int8_acts or (float_from is not None and t.numel() >= float_from)
+            acts = bf16_round if bf16 else (lambda v: v) if exact else int8_blocks
             gate, up, down = (m[e] for m in (on_tiles(name) if bf16 else dequantized(name)))
             xs = acts(x[t].double())
             h = acts(activation_ref(xs @ gate.T, xs @ up.T, activation, limit, alpha))
@@ -162,7 +164,8 @@ def assert_close(out, moe: MoEExperts, name: str, x, ids, weights, **act) -> Non
     exact = rel_err(out, moe_reference(name, x, ids, weights, **act))
     if fmt in (Format.I8, Format.I4):
         assert exact < 2e-2
-        as_computed = moe_reference(name, x, ids, weights, int8_acts=True, tiles_from=tiles_from(moe), **act)
+        as_computed = moe_reference(name, x, ids, weights, int8_acts=True, tiles_from=tiles_from(moe),
+                                    float_from=moe.float_acts_from, **act)
         assert rel_err(out, as_computed) < 1e-3
     elif fmt == Format.BF16 and variant in BF16_ACT_VARIANTS:
         assert exact < 3e-2
