@@ -88,29 +88,44 @@ static int64_t panel_stride(int64_t cols)
     return ld % 256 == 0 ? ld + 16 : ld;
 }
 
-/* One register tile: panel rows x tokens [t0, t0 + KT_GEMM_TOKENS) of tile xt. */
-static void gemm_tile(float *out, int64_t ldo, const float *panel, int64_t ld, int64_t cols,
-                      const float *xt, int64_t t0, int64_t m, int rows)
+/* One register tile: panel rows x tokens [t0, t0 + KT_GEMM_TOKENS) of tile xt, or only its
+ * first VF_N tokens (halves 1) when no more are real: an MoE unit's last tile often holds a
+ * few tokens, and half the FMAs then serve them (per column, 1 load and GEMM_ROWS broadcasts
+ * for GEMM_ROWS FMAs: still bound by the FMAs). */
+KT_INLINE void gemm_tile_n(float *out, int64_t ldo, const float *panel, int64_t ld, int64_t cols,
+                           const float *xt, int64_t t0, int64_t n, int rows, const int halves)
 {
     vf acc[GEMM_ROWS][2];
     for (int i = 0; i < GEMM_ROWS; i++)
-        acc[i][0] = acc[i][1] = vf_zero();
+        for (int h = 0; h < halves; h++)
+            acc[i][h] = vf_zero();
     for (int64_t k = 0; k < cols; k++) {
-        vf x0 = vf_load(xt + k * KT_GEMM_TOKENS), x1 = vf_load(xt + k * KT_GEMM_TOKENS + VF_N);
+        vf x[2];
+        for (int h = 0; h < halves; h++)
+            x[h] = vf_load(xt + k * KT_GEMM_TOKENS + h * VF_N);
         for (int i = 0; i < GEMM_ROWS; i++) {
             vf wb = vf_set1(panel[i * ld + k]);
-            acc[i][0] = vf_fma(wb, x0, acc[i][0]);
-            acc[i][1] = vf_fma(wb, x1, acc[i][1]);
+            for (int h = 0; h < halves; h++)
+                acc[i][h] = vf_fma(wb, x[h], acc[i][h]);
         }
     }
     float lanes[KT_GEMM_TOKENS];
-    int64_t n = m - t0 < KT_GEMM_TOKENS ? m - t0 : KT_GEMM_TOKENS;
     for (int i = 0; i < rows; i++) {
-        vf_store(lanes, acc[i][0]);
-        vf_store(lanes + VF_N, acc[i][1]);
+        for (int h = 0; h < halves; h++)
+            vf_store(lanes + h * VF_N, acc[i][h]);
         for (int64_t t = 0; t < n; t++)
             out[(t0 + t) * ldo + i] = lanes[t];
     }
+}
+
+static void gemm_tile(float *out, int64_t ldo, const float *panel, int64_t ld, int64_t cols,
+                      const float *xt, int64_t t0, int64_t m, int rows)
+{
+    int64_t n = m - t0 < KT_GEMM_TOKENS ? m - t0 : KT_GEMM_TOKENS;
+    if (n <= VF_N)
+        gemm_tile_n(out, ldo, panel, ld, cols, xt, t0, n, rows, 1);
+    else
+        gemm_tile_n(out, ldo, panel, ld, cols, xt, t0, n, rows, 2);
 }
 
 int kt_gemm_rows(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
