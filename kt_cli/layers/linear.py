@@ -12,6 +12,7 @@ from kt_weights.layout import Format, QMatrix
 
 from .. import ops
 from ..ops import hugepages
+from ..ops.linear import GEMM_MIN_TOKENS
 from ..errors import ModelError
 
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -35,8 +36,6 @@ class Target:
         return t.to(device=self.device, dtype=self.dtype)
 
 
-# from this many tokens the float32 path runs a GEMM (native/src/kt_internal.h KT_GEMM_MIN_TOKENS)
-GEMM_MIN_TOKENS = 16
 
 
 def decode_acts(fmt: Format) -> str:

@@ -9,6 +9,8 @@ from .pool import Pool
 
 
 ACTS = ("int8", "int16", "bf16", "f32")
+# from this many tokens the float32 path runs a GEMM (native/src/kt_internal.h KT_GEMM_MIN_TOKENS)
+GEMM_MIN_TOKENS = 16
 
 
 def linear(pool: Pool, x: torch.Tensor, w: QMatrix, acts: str = "int8") -> torch.Tensor:

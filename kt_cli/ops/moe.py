@@ -16,9 +16,7 @@ from kt_weights.layout import Format, QMatrix
 
 from . import hugepages, numa
 from .ffi_args import OpError, check_status, check_tensor, kt_matrix, pointer
-from .linear import decode_layout
-
-GEMM_MIN_TOKENS = 16   # native/src/kt_internal.h KT_GEMM_MIN_TOKENS
+from .linear import GEMM_MIN_TOKENS, decode_layout
 
 ACTIVATIONS = {"silu": 0, "swiglu_clamp": 1}
 MAX_TOP_K = 4096
