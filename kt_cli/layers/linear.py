@@ -36,8 +36,6 @@ class Target:
         return t.to(device=self.device, dtype=self.dtype)
 
 
-
-
 def decode_acts(fmt: Format) -> str:
     """The activations dense layers give weights of format fmt below GEMM_MIN_TOKENS tokens:
     int8 for I4 weights, int16 for I8 ones, float32 for float formats (kt_linear would

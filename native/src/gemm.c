@@ -40,9 +40,7 @@
  * panel's codes come from DRAM (an MoE expert is read once a call), and without it every
  * load waited on memory (MoE layer, I8, T=512, AVX2: the dequantization took 45% of the
  * GEMM's time). */
-#ifndef DEQUANT_AHEAD
-#define DEQUANT_AHEAD 16
-#endif
+enum { DEQUANT_AHEAD = 16 };
 
 /* Row r of W as float32 into dst[0, cols). */
 static void dequantize_row(float *dst, const kt_matrix *w, int64_t r)
