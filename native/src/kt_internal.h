@@ -229,7 +229,10 @@ void kt_row8_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, i
                       const kt_acts *acts);
 
 /* Per-thread buffers (threadbuf.c), grown on demand and kept; one per slot. */
-enum { KT_BUF_ACTS = 0, KT_BUF_GEMM_PANEL = 1, KT_BUF_ROW8 = 2, KT_BUF_AMX_PANEL = 3, KT_THREAD_BUF_SLOTS = 4 };
+enum {
+    KT_BUF_ACTS = 0, KT_BUF_GEMM_PANEL = 1, KT_BUF_ROW8 = 2, KT_BUF_AMX_PANEL = 3, KT_BUF_ROW8_SETS = 4,
+    KT_THREAD_BUF_SLOTS = 5
+};
 void *kt_thread_buffer(int slot, size_t bytes);
 
 /* out[i * ldo + (r - r0)] = dot(W row r, token i) for i in [0, acts->m), r in [r0, r1).

@@ -79,13 +79,15 @@ KT_INLINE __m256i block_dot_8rows(const __m256i lo[4], const __m256i hi[4], cons
 }
 #endif
 
-/* Prefill form of block_dot_8rows for TT (3-4) tokens at once: the block's 4 loads are the
- * outer loop, so only one load's codes are live beside one block accumulator per token (int16,
- * or int32 with vpdpbusd) and the float ones: 2 * TT + 6 registers, no spills on AVX2's 16.
- * The empty asm keeps each token's sum in its register in this order: without it GCC 12
- * computed all 32 products first and spilled them (MoE prefill 1.2x slower). */
-KT_INLINE void block_dots_wide(__m256i dot[4], const __m256i low4, const uint8_t *block, const int8_t *qb,
-                               int64_t cols, const int TT)
+/* Prefill form of block_dot_8rows for TT (1-4) tokens of a packed set (row8_set below): the
+ * block's 4 loads are the outer loop, so only one load's codes are live beside one block
+ * accumulator per token (int16, or int32 with vpdpbusd) and the float ones: 2 * TT + 6
+ * registers, no spills on AVX2's 16. The empty asm keeps each token's sum in its register in
+ * this order: without it GCC 12 computed all 32 products first and spilled them (MoE prefill
+ * 1.2x slower). qs: the block's activations, [TT][32] (columns 0-15 then 16-31), so every
+ * broadcast is a constant offset from qs and the loop needs no address arithmetic. */
+KT_INLINE void block_dots_set(__m256i dot[4], const __m256i low4, const uint8_t *block, const int8_t *qs,
+                              const int TT)
 {
 #if defined(ROW8_DPBUSD)
     /* two chains a token (low and high nibbles), as block_dot_8rows: with one chain of 8
@@ -102,14 +104,14 @@ KT_INLINE void block_dots_wide(__m256i dot[4], const __m256i low4, const uint8_t
         __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
         __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
         for (int t = 0; t < TT; t++) {
-            const int8_t *q = qb + t * cols + 4 * j;
+            const int8_t *q = qs + t * KT_ACT_BLOCK + 4 * j;
 #if defined(ROW8_DPBUSD)
             dot[t] = ROW8_DPBUSD(dot[t], lo, broadcast4(q));
-            hi_dot[t] = ROW8_DPBUSD(hi_dot[t], hi, broadcast4(q + 32));
+            hi_dot[t] = ROW8_DPBUSD(hi_dot[t], hi, broadcast4(q + 16));
             __asm__("" : "+x"(hi_dot[t]));
 #else
             dot[t] = _mm256_add_epi16(dot[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(q)),
-                                                               _mm256_maddubs_epi16(hi, broadcast4(q + 32))));
+                                                               _mm256_maddubs_epi16(hi, broadcast4(q + 16))));
 #endif
             __asm__("" : "+x"(dot[t]));
         }
@@ -123,15 +125,11 @@ KT_INLINE void block_dots_wide(__m256i dot[4], const __m256i low4, const uint8_t
 #endif
 }
 
-/* The int32 dots of one block's 8 rows with TT tokens' activations (qb: token 0's piece).
- * Decode (TT <= 2): the 4 loads' codes are unpacked once and kept for the tokens. */
-KT_INLINE void block_dots(__m256i dot[4], const __m256i low4, const uint8_t *block, const int8_t *qb,
+/* The int32 dots of one block's 8 rows with TT (1-2) tokens' activations in kt_acts (qb:
+ * token 0's piece): the 4 loads' codes are unpacked once and kept for the tokens. */
+KT_INLINE void block_dots(__m256i dot[2], const __m256i low4, const uint8_t *block, const int8_t *qb,
                           int64_t cols, const int TT)
 {
-    if (TT > 2) {
-        block_dots_wide(dot, low4, block, qb, cols, TT);
-        return;
-    }
     __m256i lo[4], hi[4];
     for (int j = 0; j < 4; j++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
@@ -178,13 +176,40 @@ KT_INLINE row8_at row8_locate(const kt_matrix *w, int64_t G, const kt_acts *a, i
     return at;
 }
 
-/* Rows 8G..8G+7 for tokens t0..t0+TT-1 into out (token t at out[t * ldo], 8 floats) */
+/* acc[t] += (the 8 rows' scales ws) * sa[t * stride] * dot[t], for TT tokens' block dots */
+KT_INLINE void accumulate_block(__m256 acc[4], const __m256i dot[4], const __m256 ws, const float *sa,
+                                int64_t stride, const int TT)
+{
+    for (int t = 0; t < TT; t++) {
+        const __m256 scale_tb = _mm256_mul_ps(ws, _mm256_set1_ps(sa[t * stride]));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale_tb, acc[t]);
+    }
+}
+
+/* acc[t] += (group g's zero point: its mins, or -8 * ws) * gsum[t * stride] */
+KT_INLINE void accumulate_zero_point(__m256 acc[4], const row8_at *at, int64_t g, const __m256 ws,
+                                     const float *gsum, int64_t stride, const int TT)
+{
+    const __m256 zero_point = at->min ? load_scales8(at->min + g * 8 * at->scale_bytes, at->half)
+                                      : _mm256_mul_ps(ws, _mm256_set1_ps(-8.0f));
+    for (int t = 0; t < TT; t++)
+        acc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(gsum[t * stride]), acc[t]);
+}
+
+KT_INLINE void store_rows8(float *out, int64_t ldo, const __m256 acc[4], const int TT)
+{
+    for (int t = 0; t < TT; t++)
+        _mm256_storeu_ps(out + t * ldo, acc[t]);
+}
+
+/* Decode: rows 8G..8G+7 for tokens t0..t0+TT-1 (TT 1-2) of kt_acts into out (token t at
+ * out[t * ldo], 8 floats) */
 KT_INLINE void row8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
                           int64_t t0, const int TT)
 {
     const row8_at at = row8_locate(w, G, a, t0);
     const __m256i low4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[ROW8_TOKENS];
+    __m256 acc[4];
     for (int t = 0; t < TT; t++)
         acc[t] = _mm256_setzero_ps();
     for (int64_t g = 0, b = 0; g < at.ng; g++) {
@@ -193,48 +218,137 @@ KT_INLINE void row8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G
             const uint8_t *block = at.codes + b * ROW8_BLOCK_BYTES;
             __builtin_prefetch(block + ROW8_AHEAD);
             __builtin_prefetch(block + ROW8_AHEAD + 64);
-            __m256i dot[ROW8_TOKENS];
+            __m256i dot[4];
             block_dots(dot, low4, block, at.q + act_piece(b), at.cols, TT);
-            for (int t = 0; t < TT; t++) {
-                const __m256 scale_tb = _mm256_mul_ps(ws, _mm256_set1_ps(at.sa[t * at.nb + b]));
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale_tb, acc[t]);
-            }
+            accumulate_block(acc, dot, ws, at.sa + b, at.nb, TT);
         }
-        const __m256 zero_point = at.min ? load_scales8(at.min + g * 8 * at.scale_bytes, at.half)
-                                      : _mm256_mul_ps(ws, _mm256_set1_ps(-8.0f));
-        for (int t = 0; t < TT; t++)
-            acc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(at.gsum[t * at.ng + g]), acc[t]);
+        accumulate_zero_point(acc, &at, g, ws, at.gsum + g, at.ng, TT);
     }
-    for (int t = 0; t < TT; t++)
-        _mm256_storeu_ps(out + t * ldo, acc[t]);
+    store_rows8(out, ldo, acc, TT);
 }
 
-/* Rows [r0, r1) (multiples of 8) for tokens [c0, c1), ROW8_TOKENS at a time (4 in the prefill
- * form: MoE prefill 1.1-1.2x faster than 8 spilling ones, one layer at T=128 and 512, same-process
- * A/B on a 2-core Zen 3 guest; 6 was no faster) */
-KT_INLINE void row8_chunk_i4(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
-                             const kt_acts *a, int64_t c0, int64_t c1)
+/* Prefill: up to ROW8_TOKENS tokens' activations packed by block (row8_pack_set), so that the
+ * inner loop finds them at constant offsets: q [nb][TT][32] (each block's columns 0-15, then
+ * 16-31), sa [nb][TT] block scales, gsum [ng][TT] group sums. */
+typedef struct row8_set {
+    int8_t *q;
+    float *sa, *gsum;
+} row8_set;
+
+static inline void row8_pack_set(row8_set s, const kt_acts *a, int64_t t0, int TT)
 {
+    const int64_t cols = a->cols, nb = cols / KT_ACT_BLOCK, ng = cols / a->group;
+    for (int64_t b = 0; b < nb; b++)
+        for (int t = 0; t < TT; t++) {
+            const int8_t *src = a->q + (t0 + t) * cols + act_piece(b);
+            int8_t *dst = s.q + (b * TT + t) * KT_ACT_BLOCK;
+            memcpy(dst, src, 16);
+            memcpy(dst + 16, src + 32, 16);
+            s.sa[b * TT + t] = a->q_scale[(t0 + t) * nb + b];
+        }
+    for (int64_t g = 0; g < ng; g++)
+        for (int t = 0; t < TT; t++)
+            s.gsum[g * TT + t] = a->q_group_sum[(t0 + t) * ng + g];
+}
+
+/* Rows 8G..8G+7 for the TT (1-4) tokens of packed set s into out, as row8_group */
+KT_INLINE void row8_group_set(float *out, int64_t ldo, const kt_matrix *w, int64_t G, row8_set s, const int TT)
+{
+    const row8_at at = row8_locate(w, G, &(kt_acts){.q = s.q, .q_scale = s.sa, .q_group_sum = s.gsum}, 0);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[4];
+    for (int t = 0; t < TT; t++)
+        acc[t] = _mm256_setzero_ps();
+    const uint8_t *block = at.codes;
+    const int8_t *qs = s.q;
+    const float *sa = s.sa;
+    for (int64_t g = 0; g < at.ng; g++) {
+        const __m256 ws = load_scales8(at.scale + g * 8 * at.scale_bytes, at.half);
+        for (int64_t i = 0; i < at.per_group; i++, block += ROW8_BLOCK_BYTES, qs += TT * KT_ACT_BLOCK, sa += TT) {
+            __builtin_prefetch(block + ROW8_AHEAD);
+            __builtin_prefetch(block + ROW8_AHEAD + 64);
+            __m256i dot[4];
+            block_dots_set(dot, low4, block, qs, TT);
+            accumulate_block(acc, dot, ws, sa, 1, TT);
+        }
+        accumulate_zero_point(acc, &at, g, ws, s.gsum + g * TT, 1, TT);
+    }
+    store_rows8(out, ldo, acc, TT);
+}
+
+/* Bytes of one chunk's packed sets: ROW8_CHUNK tokens' q, sa and gsum */
+static inline size_t row8_sets_bytes(const kt_matrix *w)
+{
+    return (size_t)ROW8_CHUNK * (size_t)(w->cols + 4 * (w->cols / KT_ACT_BLOCK + w->cols / w->group));
+}
+
+/* Set i (tokens 4i.. of a chunk) in buf, laid out as row8_sets_bytes counts */
+static inline row8_set row8_set_at(uint8_t *buf, const kt_matrix *w, int64_t i)
+{
+    const int64_t nb = w->cols / KT_ACT_BLOCK, ng = w->cols / w->group;
+    float *sa = (float *)(buf + (size_t)ROW8_CHUNK * (size_t)w->cols);
+    return (row8_set){(int8_t *)buf + i * ROW8_TOKENS * w->cols, sa + i * ROW8_TOKENS * nb,
+                      sa + ROW8_CHUNK * nb + i * ROW8_TOKENS * ng};
+}
+
+/* Rows [r0, r1) (multiples of 8) for tokens [c0, c1) (at most ROW8_CHUNK), ROW8_TOKENS at a
+ * time (4: MoE prefill 1.1-1.2x faster than 8 spilling ones, one layer at T=128 and 512,
+ * same-process A/B on a 2-core Zen 3 guest; 6 was no faster), packed into buf first */
+KT_INLINE void row8_chunk_i4(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                             const kt_acts *a, int64_t c0, int64_t c1, uint8_t *buf)
+{
+    for (int64_t t0 = c0; t0 < c1; t0 += ROW8_TOKENS)
+        row8_pack_set(row8_set_at(buf, w, (t0 - c0) / ROW8_TOKENS), a, t0,
+                      c1 - t0 < ROW8_TOKENS ? (int)(c1 - t0) : ROW8_TOKENS);
     for (int64_t G = r0 / 8; G < r1 / 8; G++) {
         for (int64_t t0 = c0; t0 < c1; t0 += ROW8_TOKENS) {
             float *o = out + t0 * ldo + (G * 8 - r0);
+            const row8_set s = row8_set_at(buf, w, (t0 - c0) / ROW8_TOKENS);
             switch (c1 - t0 < ROW8_TOKENS ? c1 - t0 : ROW8_TOKENS) {
-            case 1: row8_group(o, ldo, w, G, a, t0, 1); break;
-            case 2: row8_group(o, ldo, w, G, a, t0, 2); break;
-            case 3: row8_group(o, ldo, w, G, a, t0, 3); break;
-            default: row8_group(o, ldo, w, G, a, t0, 4); break;
+            case 1: row8_group_set(o, ldo, w, G, s, 1); break;
+            case 2: row8_group_set(o, ldo, w, G, s, 2); break;
+            case 3: row8_group_set(o, ldo, w, G, s, 3); break;
+            default: row8_group_set(o, ldo, w, G, s, 4); break;
             }
         }
     }
 }
 
-/* Every token, in chunks of ROW8_CHUNK whose activations (128 KB at 2048 columns) stay in
- * L2 while the rows pass over them; 512 tokens at once (1 MB) spilled to L3. */
+/* Rows [r0, r1) for tokens [c0, c1) in twos straight from kt_acts: decode, and prefill without a
+ * buffer */
+static inline void row8_pairs_i4(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                                 const kt_acts *a, int64_t c0, int64_t c1)
+{
+    for (int64_t G = r0 / 8; G < r1 / 8; G++)
+        for (int64_t t0 = c0; t0 < c1; t0 += 2) {
+            float *o = out + t0 * ldo + (G * 8 - r0);
+            if (c1 - t0 >= 2)
+                row8_group(o, ldo, w, G, a, t0, 2);
+            else
+                row8_group(o, ldo, w, G, a, t0, 1);
+        }
+}
+
+/* Tokens [c0, c1) (at most ROW8_CHUNK): from 3 of them packed (row8_chunk_i4), else in twos */
+static inline void row8_tokens_i4(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                                  const kt_acts *a, int64_t c0, int64_t c1)
+{
+    uint8_t *buf = c1 - c0 > 2 ? kt_thread_buffer(KT_BUF_ROW8_SETS, row8_sets_bytes(w)) : NULL;
+    if (buf)
+        row8_chunk_i4(out, ldo, w, r0, r1, a, c0, c1, buf);
+    else
+        row8_pairs_i4(out, ldo, w, r0, r1, a, c0, c1);
+}
+
+/* Every token, in chunks of ROW8_CHUNK whose packed activations (128 KB at 2048 columns) stay
+ * in L2 while the rows pass over them (512 tokens at once, 1 MB, spilled to L3). Packing per
+ * call costs about 1-2% of the chunk's products (one 2048 x 256 block of a gate or up matrix:
+ * 128 16-byte copies a token against 2048 8-row blocks). */
 static inline void row8_rows_i4(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
                                 const kt_acts *a)
 {
     for (int64_t c0 = 0; c0 < a->m; c0 += ROW8_CHUNK)
-        row8_chunk_i4(out, ldo, w, r0, r1, a, c0, c0 + ROW8_CHUNK < a->m ? c0 + ROW8_CHUNK : a->m);
+        row8_tokens_i4(out, ldo, w, r0, r1, a, c0, c0 + ROW8_CHUNK < a->m ? c0 + ROW8_CHUNK : a->m);
 }
 
 #endif

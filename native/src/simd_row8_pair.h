@@ -115,7 +115,7 @@ KT_INLINE void pair_block_dots_i8_nibbles(__m512i dot[PAIR_TOKENS], const uint8_
 
 /* The int32 dots of one block's 16 rows with TT tokens' activations (qb: token 0's piece)
  * at b0 (rows 0-7) and b1 (rows 8-15), two chains a token. INT4: the low and high nibbles of
- * 4 loads, as block_dots_wide; I8: 8 loads of codes with their top bit flipped. */
+ * 4 loads, as block_dots_set; I8: 8 loads of codes with their top bit flipped. */
 KT_INLINE void pair_block_dots(__m512i dot[PAIR_TOKENS], const uint8_t *b0, const uint8_t *b1, const int8_t *qb,
                                int64_t cols, const int is_i8, const int TT)
 {
@@ -476,7 +476,7 @@ KT_INLINE void row8_pair_chunk(float *out, int64_t ldo, const kt_matrix *w, int6
     if (G == r1 / 8)
         return;
     if (!is_i8) {
-        row8_chunk_i4(out + (G * 8 - r0), ldo, w, G * 8, r1, a, c0, c1);
+        row8_tokens_i4(out + (G * 8 - r0), ldo, w, G * 8, r1, a, c0, c1);
         return;
     }
     const pair_prefetch stream = {1, NULL, 0, 0, 0};
