@@ -13,6 +13,7 @@ from ..layers.decode_plan import DecodePlan, DecodeWorkspace, plan_for
 from ..layers.decode_stack import stack_for
 from ..layers.embedding import Embedding
 from ..layers.linear import Linear
+from ..layers.moe import MoEBlock
 from ..layers.rope import RopeSpec, Rotary
 from .config import ModelConfig
 from .loader import Weights
@@ -42,6 +43,17 @@ class CausalLM(torch.nn.Module):
         self.norm = w.norm("model.norm", config.rms_norm_eps)
         self.lm_head = self._lm_head(w)
         self.use_decode_plans(True)
+
+    def streamed_weights(self) -> list[torch.Tensor]:
+        """The CPU-resident matrices a decode step streams: the dense layers' kernel layouts and
+        the routed experts' (those on a GPU are not here)"""
+        tensors = []
+        for module in self.modules():
+            if isinstance(module, Linear) and module.qweight is not None:
+                tensors += module.qweight.tensors()
+            elif isinstance(module, MoEBlock):
+                tensors += module.cpu.tensors()
+        return tensors
 
     def use_decode_plans(self, on: bool) -> None:
         """Decode steps of float32 CPU models run each plain GQA layer as straight native calls

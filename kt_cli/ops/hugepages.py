@@ -12,6 +12,8 @@ madvise(MADV_COLLAPSE), Linux 6.1+, makes the kernel copy every 2 MB-aligned pie
 any THP setting but "never" (~0.45 GB/s on that guest: 6 s for 2.7 GB of experts). A piece
 it cannot move (not wholly mapped, no free huge page) stays as it is, and contents never
 change, so this is best effort. KT_HUGEPAGES=0 turns it off.
+LLM asks once more for every streamed weight after loading's malloc_trim (kt_cli.llm), which
+splits the huge pages that freed temporaries shared with the weights.
 """
 
 import ctypes

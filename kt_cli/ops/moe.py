@@ -112,8 +112,8 @@ class MoEExperts:
         # kernel layouts (decode_layout: row8 or tiled): copies of the codes, which decode streams faster
         layout = (lambda m: decode_layout(m, self._pool, row8)) if kernel_layouts else (lambda m: m)
         self.weights = tuple([layout(m) for m in mats] for mats in (gate, up, down))
-        self.numa_ranges = numa.interleave(self._pool.kernels, self._tensors(), self._pool.numa)
-        hugepages.collapse(self._tensors())
+        self.numa_ranges = numa.interleave(self._pool.kernels, self.tensors(), self._pool.numa)
+        hugepages.collapse(self.tensors())
         self._native = self._build(activation, clamp_limit, alpha)
         weakref.finalize(self, self._native.release)
 
@@ -150,7 +150,8 @@ class MoEExperts:
         self._native.sync()
         return self._native.handle
 
-    def _tensors(self) -> list[torch.Tensor]:
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the C side borrows: codes, scales and mins of gate, up and down"""
         mats = [m for group in self.weights for m in group]
         return [t for m in mats for t in m.tensors()]
 

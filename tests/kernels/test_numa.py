@@ -232,7 +232,7 @@ def test_experts_of_a_layer_become_few_mappings(ops):
     if experts.numa_ranges == 0:
         pytest.skip("needs a kernel with NUMA support that lets this process call mbind (refused here)")
     assert experts.numa_ranges <= 3
-    pages = [p for p in map(_first_whole_page, experts._tensors()) if p is not None]
+    pages = [p for p in map(_first_whole_page, experts.tensors()) if p is not None]
     assert len(pages) >= 48 and all(mempolicy(p) == MPOL_INTERLEAVE for p in pages)
 
 

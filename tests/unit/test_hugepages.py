@@ -99,3 +99,26 @@ def test_dense_layers_ask_for_their_weights_in_huge_pages(monkeypatch):
     linear = Linear(w, None, Target(torch.device("cpu"), torch.float32))
     held = {t.data_ptr() for t in (linear.qweight.data, linear.qweight.scale, linear.qweight.min)}
     assert len(asked) == 1 and {t.data_ptr() for t in asked[0]} == held
+
+
+def test_llm_collapses_every_streamed_weight_again_after_the_trim(monkeypatch, tmp_path):
+    """glibc's trim at the end of loading splits the huge pages that freed temporaries shared
+    with the weights; LLM asks for all of them once more after it (dense kernel layouts and
+    routed experts alike)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+    from tiny_models import build_tiny
+
+    from kt_cli import LLM, hardware
+    from kt_cli.layers.linear import Linear
+    from kt_cli.layers.moe import MoEBlock
+    events = []
+    monkeypatch.setattr(hardware, "release_freed_memory", lambda: events.append("trim"))
+    monkeypatch.setattr(hugepages, "collapse", lambda tensors: events.append({t.data_ptr() for t in tensors}))
+    llm = LLM(build_tiny("qwen3_moe", tmp_path / "m"), ctx=64, max_batch=1)
+    model = llm.engine.runner.model
+    dense = {t.data_ptr() for m in model.modules() if isinstance(m, Linear) and m.qweight is not None
+             for t in m.qweight.tensors()}
+    experts = {t.data_ptr() for m in model.modules() if isinstance(m, MoEBlock) for t in m.cpu.tensors()}
+    assert dense and experts
+    after_trim = events[events.index("trim") + 1:]
+    assert after_trim and after_trim[-1] == dense | experts
