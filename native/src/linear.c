@@ -120,8 +120,10 @@ KT_INLINE void float_block(float *out, int64_t ldo, const kt_matrix *w, int64_t 
         const int rows = a->m == 1 ? 4 : 2;
 #if defined(__AVX512BF16__)
         const uint16_t *xb = a->bf16 ? a->bf16 + t0 * w->cols : NULL;
+        /* BF16 decode one row at a time, so that a task's rows stream as one run: tiles of 4 rows
+         * read 4 runs a row apart, and one MoE layer's BF16 decode ran 1.24-1.36x slower (Zen 4) */
         if (fmt == KT_BF16 && xb) {
-            ROW_TILES(BF16_DP_TILE, 4, tt)
+            ROW_TILES(BF16_DP_TILE, a->m == 1 ? 1 : 4, tt)
             continue;
         }
 #endif
