@@ -108,9 +108,7 @@ class LLM:
         self.checkpoint = open_checkpoint(model)
         built = build_model(self.checkpoint, ModelOptions(device=opts.device, dtype=opts.dtype))
         hardware.release_freed_memory()
-        # the trim hands back freed temporaries that shared 2 MB pages with the weights, which
-        # splits those pages (scaled Qwen3-MoE Q4_0: 0.8 of 2.9 GB back in 4 KB pages); a second
-        # collapse restores them (+50 MB resident, 0.1 s)
+        # the trim splits the huge pages freed temporaries shared with the weights (ops.hugepages)
         hugepages.collapse(built.streamed_weights())
         self._start(built, self.checkpoint.tokenizer(), opts)
 

@@ -13,7 +13,8 @@ any THP setting but "never" (~0.45 GB/s on that guest: 6 s for 2.7 GB of experts
 it cannot move (not wholly mapped, no free huge page) stays as it is, and contents never
 change, so this is best effort. KT_HUGEPAGES=0 turns it off.
 LLM asks once more for every streamed weight after loading's malloc_trim (kt_cli.llm), which
-splits the huge pages that freed temporaries shared with the weights.
+splits the huge pages that freed temporaries shared with the weights (scaled Qwen3-MoE Q4_0:
+0.8 of 2.9 GB back in 4 KB pages; the second pass restores them for +50 MB resident, 0.1 s).
 """
 
 import ctypes

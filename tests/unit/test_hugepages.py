@@ -105,7 +105,7 @@ def test_llm_collapses_every_streamed_weight_again_after_the_trim(monkeypatch, t
     """glibc's trim at the end of loading splits the huge pages that freed temporaries shared
     with the weights; LLM asks for all of them once more after it (dense kernel layouts and
     routed experts alike)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "e2e"))
     from tiny_models import build_tiny
 
     from kt_cli import LLM, hardware
