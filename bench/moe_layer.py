@@ -5,12 +5,13 @@ machine (the probe `kt doctor` uses) as the ceiling for decode.
     python bench/moe_layer.py                       # default run, < ~3 minutes
     python bench/moe_layer.py --shapes deepseek-v3 --tokens 1 8 128 --formats i4_g128
     python bench/moe_layer.py --threads 4 --min-time 1.0
-    python bench/moe_layer.py --layouts --formats i4_g32 i4_g128 --tokens 1 8   # row8 vs tiled
+    python bench/moe_layer.py --layouts --formats i4_g32 i4_g128 --tokens 1 8   # row8, tiled, split
     python bench/moe_layer.py --baseline OLD.so --formats q4_0 --tokens 128 512  # a kernel change
 
---layouts times each I4 and I8 format twice, in its default layout (row8 where the
-kernels have the 8-row kernel) and tiled (fmt name + "/tiled"), alternating the two ROUNDS
-times and keeping each one's fastest round, so both see the same load. --baseline OLD.so
+--layouts times each I4 and I8 format three times: in its default layout (row8 where the
+kernels have the 8-row kernel, gate and up interleaved in one matrix), tiled (fmt name +
+"/tiled") and with gate and up as two matrices ("/split"), alternating them ROUNDS times
+and keeping each one's fastest round, so all see the same load. --baseline OLD.so
 does the same with a saved copy of the loaded variant's library (the .so from before a
 kernel change), its rows marked "@base".
 
@@ -261,6 +262,7 @@ def run_shape(shape_name: str, args, ops: Ops, base_ops: Ops | None) -> None:
         layouts = {name: MoEExperts(*weights, ops=ops)}
         if args.layouts and FORMATS[name].format in (Format.I4, Format.I8):
             layouts[f"{name}/tiled"] = MoEExperts(*weights, ops=ops, row8=False)
+            layouts[f"{name}/split"] = MoEExperts(*weights, ops=ops, interleave=False)
         if base_ops is not None:
             layouts[f"{name}@base"] = MoEExperts(*weights, ops=base_ops)
         for T in tokens:

@@ -4,10 +4,11 @@ run in torch; then the results are summed.
 
 Expert placement: `on_device` [E] bool says which routed experts live on the model's
 device (dequantized into the compute dtype there, computed in torch); their ids reach
-the CPU operator as -1, which skips them. The CPU operator keeps borrowing every
-expert's stored matrix (the checkpoint's file mapping), so an expert can move between
-tiers at any time: `set_placement(row)` uploads or drops device copies and updates
-`on_device` in place (it may be a view of a model-wide [L, E] mask).
+the CPU operator as -1, which skips them. The CPU operator keeps every expert (in its
+kernel layout, or for float experts the checkpoint's mapping) and the device copies are
+made from those, so an expert can move between tiers at any time: `set_placement(row)`
+uploads or drops device copies and updates `on_device` in place (it may be a view of a
+model-wide [L, E] mask).
 
 One forward, and what each timer covers:
   router(x) -> ids, weights                      (device)
@@ -17,6 +18,7 @@ One forward, and what each timer covers:
   CPU result to the device, sum                   transfer_s"""
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -40,14 +42,15 @@ def cpu_experts(weights: ExpertWeights, act: str):
 class DeviceExperts(torch.nn.Module):
     """Device copies of the experts currently placed there, in the compute dtype."""
 
-    def __init__(self, weights: ExpertWeights, target: Target, act: str):
+    def __init__(self, source: Callable[[int], tuple[torch.Tensor, ...]], target: Target, act: str):
+        """source(e): expert e's gate, up and down in float32 (MoEExperts.dequantized)"""
         super().__init__()
-        self.source, self.target, self.act = weights, target, activation(act)
+        self.source, self.target, self.act = source, target, activation(act)
         self.resident: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def upload(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Device copies of expert e (safe to call from another thread)."""
-        return tuple(self.target.put(m[e].dequantize()) for m in self.source)
+        return tuple(self.target.put(t) for t in self.source(e))
 
     def install(self, e: int, tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         self.resident[e] = tensors
@@ -176,8 +179,7 @@ class MoEBlock(torch.nn.Module):
         self.router, self.shared = router, shared
         self.num_experts = len(experts[0])
         self.cpu = cpu_experts(experts, act)
-        # the CPU operator's (tiled) matrices: keeping the loaded ones too would hold the experts twice
-        self.device_experts = DeviceExperts(self.cpu.weights, target, act)
+        self.device_experts = DeviceExperts(self.cpu.dequantized, target, act)
         self.on_device = torch.zeros(self.num_experts, dtype=torch.bool)
         self.usage, self.times = ExpertUsage(self.num_experts), MoETimes()
         self.clock = _DeviceClock(target.device)

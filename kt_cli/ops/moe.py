@@ -14,7 +14,7 @@ import torch
 
 from kt_weights.layout import Format, QMatrix
 
-from . import hugepages, numa
+from . import gate_up, hugepages, numa
 from .ffi_args import OpError, check_status, check_tensor, kt_matrix, pointer
 from .linear import GEMM_MIN_TOKENS, decode_layout
 
@@ -99,11 +99,13 @@ class MoEJob:
 
 
 class MoEExperts:
-    """Routed experts of one layer: out[t] = sum_k w[t,k] * down_e(act(gate_e x_t) * up_e x_t)."""
+    """Routed experts of one layer: out[t] = sum_k w[t,k] * down_e(act(gate_e x_t) * up_e x_t).
+    Quantized experts go to the operator with gate and up in one interleaved matrix;
+    interleave=False keeps them apart, True interleaves float experts too (gate_up.wanted)."""
 
     def __init__(self, gate: list[QMatrix], up: list[QMatrix], down: list[QMatrix],
                  activation: str = "silu", clamp_limit: float = 0.0, alpha: float = 1.0, ops=None,
-                 kernel_layouts: bool = True, row8: bool | None = None):
+                 kernel_layouts: bool = True, row8: bool | None = None, interleave: bool | None = None):
         _check(activation in ACTIVATIONS, f"unknown activation {activation!r} (known: {', '.join(ACTIVATIONS)})")
         _check(activation != "swiglu_clamp" or clamp_limit > 0,
                f"swiglu_clamp needs clamp_limit > 0, got {clamp_limit}")
@@ -111,7 +113,11 @@ class MoEExperts:
         self._pool = (ops if ops is not None else _default_ops()).pool
         # kernel layouts (decode_layout: row8 or tiled): copies of the codes, which decode streams faster
         layout = (lambda m: decode_layout(m, self._pool, row8)) if kernel_layouts else (lambda m: m)
-        self.weights = tuple([layout(m) for m in mats] for mats in (gate, up, down))
+        self.interleaved = gate_up.wanted(interleave, gate[0], up[0])
+        if self.interleaved:    # (gate_up, down): ops/gate_up.py
+            self.weights = ([layout(gate_up.interleave(g, u)) for g, u in zip(gate, up)], [layout(m) for m in down])
+        else:                   # (gate, up, down)
+            self.weights = tuple([layout(m) for m in mats] for mats in (gate, up, down))
         self.numa_ranges = numa.interleave(self._pool.kernels, self.tensors(), self._pool.numa)
         hugepages.collapse(self.tensors())
         self._native = self._build(activation, clamp_limit, alpha)
@@ -119,12 +125,14 @@ class MoEExperts:
 
     def _build(self, activation: str, clamp_limit: float, alpha: float) -> _Native:
         ffi = self._pool.kernels.ffi
-        arrays = [_matrix_array(ffi, mats, what) for mats, what in zip(self.weights, ("gate", "up", "down"))]
+        names = ("gate_up", "down") if self.interleaved else ("gate", "up", "down")
+        arrays = [_matrix_array(ffi, mats, what) for mats, what in zip(self.weights, names)]
         desc = ffi.new("kt_moe_desc *")
         desc.n_experts, desc.activation = self.shape.n_experts, ACTIVATIONS[activation]
         desc.hidden, desc.inter = self.shape.hidden, self.shape.inter
         desc.clamp_limit, desc.alpha = clamp_limit, alpha
-        desc.gate, desc.up, desc.down = arrays
+        for name, array in zip(names, arrays):
+            setattr(desc, name, array)
         native = _Native(self._pool, desc, arrays)
         _check(native.handle != ffi.NULL, "the native MoE operator refused this layer's descriptor")
         return native
@@ -150,8 +158,16 @@ class MoEExperts:
         self._native.sync()
         return self._native.handle
 
+    def dequantized(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Expert e's gate [I, H], up [I, H] and down [H, I] in float32, from the matrices the C
+        side computes on (the loaded ones are not kept: that would hold the experts twice)"""
+        if self.interleaved:
+            return (*gate_up.split(self.weights[0][e].dequantize()), self.weights[1][e].dequantize())
+        return tuple(mats[e].dequantize() for mats in self.weights)
+
     def tensors(self) -> list[torch.Tensor]:
-        """Every tensor the C side borrows: codes, scales and mins of gate, up and down"""
+        """Every tensor the C side borrows: codes, scales and mins of gate and up (or gate_up)
+        and down"""
         mats = [m for group in self.weights for m in group]
         return [t for m in mats for t in m.tensors()]
 

@@ -285,10 +285,17 @@ typedef struct kt_moe_desc {
     int64_t inter;
     float clamp_limit;      /* KT_ACT_SWIGLU_CLAMP only */
     float alpha;            /* KT_ACT_SWIGLU_CLAMP only */
-    const kt_matrix *gate;  /* [n_experts], each (inter, hidden) */
-    const kt_matrix *up;    /* [n_experts], each (inter, hidden) */
+    const kt_matrix *gate;  /* [n_experts], each (inter, hidden); unused with gate_up */
+    const kt_matrix *up;    /* [n_experts], each (inter, hidden); unused with gate_up */
     const kt_matrix *down;  /* [n_experts], each (hidden, inter) */
+    const kt_matrix *gate_up;   /* [n_experts], each (2 inter, hidden), or NULL: gate and up in one
+                                 * matrix, KT_GATE_UP_CHUNK rows of each in turn (below) */
 } kt_moe_desc;
+
+/* gate_up's rows: for every c = 0, CHUNK, 2 CHUNK, ... < inter and n = min(CHUNK, inter - c),
+ * rows [2c, 2c + n) are gate's rows [c, c + n) and rows [2c + n, 2c + 2n) up's. A task's
+ * gate and up rows are then one run of the matrix. */
+enum { KT_GATE_UP_CHUNK = 16 };
 
 typedef struct kt_moe kt_moe;
 

@@ -12,8 +12,9 @@
  *
  * Job: one task list, four ranges, in this order
  *   A  prep(unit)            gather x rows of the unit's tokens -> xg, kt_acts_prepare
- *   B  gate_up(expert, rows) for every unit of the expert: gate rows -> inter,
- *                            up rows -> tmp, inter = act(gate) * up  (fused)
+ *   B  gate_up(expert, rows) for every unit of the expert: gate and up rows -> tmp (one
+ *                            run of an interleaved gate_up, kt.h; else gate rows -> inter
+ *                            and up rows -> tmp), inter = act(gate) * up
  *   C  prep_down(unit)       kt_acts_prepare on the unit's inter rows
  *   D  down(rows of H)       zero out[:, rows], then for every unit in expert order:
  *                            out[t, rows] += w_p * (down_e rows . inter_p)
@@ -28,7 +29,7 @@
  *
  * Scratch (grown on demand, owned by the kt_moe), N = number of valid pairs:
  *   xg [N, H] f32, inter [N, I] f32, per-unit activation scratch, per-thread
- *   tmp [UNIT_TOKENS, block] f32, and the plan arrays.
+ *   tmp [UNIT_TOKENS, 2 block] f32, and the plan arrays.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -46,6 +47,8 @@
 #define MIN_BLOCK 16
 #define TASKS_PER_THREAD 8
 #define SPINS_BEFORE_YIELD 2000
+
+_Static_assert(MIN_BLOCK % KT_GATE_UP_CHUNK == 0, "a gate_up task starts on a chunk");
 
 typedef struct moe_unit {
     int32_t expert;
@@ -140,22 +143,29 @@ static void wait_zero(atomic_int *flag)
 
 /* ---- activations ------------------------------------------------------------- */
 
-/* gpt-oss: g <- min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, +-limit) + 1) */
-static void act_swiglu_clamp(float *g, const float *u, int64_t n, float limit, float alpha)
+/* gpt-oss: out <- min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, +-limit) + 1) */
+static void act_swiglu_clamp(float *out, const float *g, const float *u, int64_t n, float limit, float alpha)
 {
     for (int64_t i = 0; i < n; i++) {
         float gc = fminf(g[i], limit);
         float uc = fminf(fmaxf(u[i], -limit), limit);
-        g[i] = gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f);
+        out[i] = gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f);
     }
 }
 
-static void activate(const kt_moe_desc *d, float *g, const float *u, int64_t n)
+/* out <- act(g) * u; out may be g */
+static void activate(const kt_moe_desc *d, float *out, const float *g, const float *u, int64_t n)
 {
     if (d->activation == KT_ACT_SWIGLU_CLAMP)
-        act_swiglu_clamp(g, u, n, d->clamp_limit, d->alpha);
+        act_swiglu_clamp(out, g, u, n, d->clamp_limit, d->alpha);
     else
-        silu_mul_f32(g, g, u, n);     /* g <- silu(g) * u */
+        silu_mul_f32(out, g, u, n);
+}
+
+/* The matrix whose activations serve gate and up (one kt_acts for both, desc_ok) */
+static const kt_matrix *gate_up_weight(const kt_moe_desc *d, int32_t e)
+{
+    return d->gate_up ? &d->gate_up[e] : &d->gate[e];
 }
 
 /* ---- the four task kinds --------------------------------------------------------- */
@@ -179,8 +189,35 @@ static void prep_unit(kt_moe *moe, int64_t u)
     float *dst = p->xg + un->p0 * H;
     for (int64_t i = 0; i < un->m; i++)
         memcpy(dst + i * H, p->x + (int64_t)p->pair_tok[un->p0 + i] * H, (size_t)H * sizeof(float));
-    prepare_or_flag(p, &p->acts_gu[u], dst, un->m, &moe->desc.gate[un->expert], p->scr_gu[u]);
+    prepare_or_flag(p, &p->acts_gu[u], dst, un->m, gate_up_weight(&moe->desc, un->expert), p->scr_gu[u]);
     atomic_store_explicit(&p->prep_left[u], 0, memory_order_release);
+}
+
+/* Gate and up rows [r0, r1) of expert e for one unit's m tokens, from two matrices */
+static void gate_up_split(const kt_moe_desc *d, float *inter, float *up, int32_t e, int64_t r0, int64_t r1,
+                          const kt_acts *acts, int64_t m)
+{
+    int64_t nr = r1 - r0;
+    kt_matrix_rows_f32(inter, d->inter, &d->gate[e], r0, r1, acts);
+    kt_matrix_rows_f32(up, nr, &d->up[e], r0, r1, acts);
+    for (int64_t i = 0; i < m; i++)
+        activate(d, inter + i * d->inter, inter + i * d->inter, up + i * nr, nr);
+}
+
+/* The same from gate_up's rows [2 r0, 2 r1) (r0 a multiple of KT_GATE_UP_CHUNK), one run:
+ * token i's gate values of chunk c are gu[i, 2c : 2c + n], its up values the next n. */
+static void gate_up_fused(const kt_moe_desc *d, float *inter, float *gu, int32_t e, int64_t r0, int64_t r1,
+                          const kt_acts *acts, int64_t m)
+{
+    int64_t nr = r1 - r0;
+    kt_matrix_rows_f32(gu, 2 * nr, &d->gate_up[e], 2 * r0, 2 * r1, acts);
+    for (int64_t i = 0; i < m; i++) {
+        const float *row = gu + i * 2 * nr;
+        for (int64_t c = 0; c < nr; c += KT_GATE_UP_CHUNK) {
+            int64_t n = min64(KT_GATE_UP_CHUNK, nr - c);
+            activate(d, inter + i * d->inter + c, row + 2 * c, row + 2 * c + n, n);
+        }
+    }
 }
 
 /* inter[p, r0:r1] = act(gate_e[r0:r1] . x_p) * (up_e[r0:r1] . x_p) for every pair p of the expert */
@@ -189,17 +226,17 @@ static void gate_up_block(kt_moe *moe, int64_t job, int thread)
     moe_plan *p = &moe->plan;
     const kt_moe_desc *d = &moe->desc;
     int64_t a = job / p->nrb_gu, r0 = (job % p->nrb_gu) * p->rb_gu;
-    int64_t r1 = min64(r0 + p->rb_gu, d->inter), nr = r1 - r0;
+    int64_t r1 = min64(r0 + p->rb_gu, d->inter);
     int32_t e = p->active[a];
-    float *up = p->tmp + thread * p->tmp_stride;
+    float *tmp = p->tmp + thread * p->tmp_stride;
     for (int32_t u = p->first_unit[a]; u < p->first_unit[a + 1]; u++) {
         const moe_unit *un = &p->units[u];
         wait_zero(&p->prep_left[u]);
-        float *gate = p->inter + un->p0 * d->inter + r0;
-        kt_matrix_rows_f32(gate, d->inter, &d->gate[e], r0, r1, &p->acts_gu[u]);
-        kt_matrix_rows_f32(up, nr, &d->up[e], r0, r1, &p->acts_gu[u]);
-        for (int64_t i = 0; i < un->m; i++)
-            activate(d, gate + i * d->inter, up + i * nr, nr);
+        float *inter = p->inter + un->p0 * d->inter + r0;
+        if (d->gate_up)
+            gate_up_fused(d, inter, tmp, e, r0, r1, &p->acts_gu[u], un->m);
+        else
+            gate_up_split(d, inter, tmp, e, r0, r1, &p->acts_gu[u], un->m);
     }
     atomic_fetch_sub_explicit(&p->gu_left[a], 1, memory_order_acq_rel);
 }
@@ -301,7 +338,7 @@ static void size_plan(kt_moe *moe, moe_plan *p, int threads)
     p->start_dp = p->start_gu + p->n_active * p->nrb_gu;
     p->start_dn = p->start_dp + p->n_units;
     p->n_tasks = p->start_dn + p->nrb_dn;
-    p->tmp_stride = (int64_t)align64(UNIT_TOKENS * MAX_BLOCK * sizeof(float)) / (int64_t)sizeof(float);
+    p->tmp_stride = (int64_t)align64(UNIT_TOKENS * 2 * MAX_BLOCK * sizeof(float)) / (int64_t)sizeof(float);
 }
 
 static void lay_out(moe_plan *p, carve *c, const kt_moe_desc *d, int threads)
@@ -374,7 +411,7 @@ static int assign_acts_scratch(kt_moe *moe, moe_plan *p)
         }
         for (int32_t u = 0; u < p->n_units; u++) {
             const moe_unit *un = &p->units[u];
-            void *g = take(&c, unit_scratch_bytes(&moe->desc.gate[un->expert], un->m, p->amx_tiles));
+            void *g = take(&c, unit_scratch_bytes(gate_up_weight(&moe->desc, un->expert), un->m, p->amx_tiles));
             void *dn = take(&c, unit_scratch_bytes(&moe->desc.down[un->expert], un->m, p->amx_tiles));
             if (pass == 1) {
                 p->scr_gu[u] = g;
@@ -418,11 +455,32 @@ static int check_matrix(const kt_matrix *w, int64_t rows, int64_t cols)
     return kt_matrix_check(w) == KT_OK && w->rows == rows && w->cols == cols;
 }
 
+static int experts_ok(const kt_moe_desc *d)
+{
+    for (int32_t e = 0; e < d->n_experts; e++) {
+        if (!check_matrix(&d->down[e], d->hidden, d->inter))
+            return 0;
+        if (d->gate_up) {
+            if (!check_matrix(&d->gate_up[e], 2 * d->inter, d->hidden))
+                return 0;
+            continue;
+        }
+        const kt_matrix *g = &d->gate[e], *u = &d->up[e];
+        if (!check_matrix(g, d->inter, d->hidden) || !check_matrix(u, d->inter, d->hidden))
+            return 0;
+        if (g->format != u->format || g->group != u->group)   /* one kt_acts serves both */
+            return 0;
+    }
+    return 1;
+}
+
 static int desc_ok(const kt_moe_desc *d)
 {
-    if (!d || d->n_experts <= 0 || d->hidden <= 0 || d->inter <= 0 || !d->gate || !d->up || !d->down)
+    if (!d || d->n_experts <= 0 || d->hidden <= 0 || d->inter <= 0 || !d->down)
         return 0;
-    if (d->hidden > INT32_MAX || d->inter > INT32_MAX)
+    if (!d->gate_up && (!d->gate || !d->up))
+        return 0;
+    if (d->hidden > INT32_MAX || d->inter > INT32_MAX / 2)
         return 0;
     if (d->activation == KT_ACT_SWIGLU_CLAMP) {
         if (!(d->clamp_limit > 0.0f) || !isfinite(d->clamp_limit) || !isfinite(d->alpha))
@@ -430,15 +488,7 @@ static int desc_ok(const kt_moe_desc *d)
     } else if (d->activation != KT_ACT_SILU) {
         return 0;
     }
-    for (int32_t e = 0; e < d->n_experts; e++) {
-        const kt_matrix *g = &d->gate[e], *u = &d->up[e];
-        if (!check_matrix(g, d->inter, d->hidden) || !check_matrix(u, d->inter, d->hidden) ||
-            !check_matrix(&d->down[e], d->hidden, d->inter))
-            return 0;
-        if (g->format != u->format || g->group != u->group)   /* one kt_acts serves both */
-            return 0;
-    }
-    return 1;
+    return experts_ok(d);
 }
 
 kt_moe *kt_moe_new(const kt_moe_desc *desc)
