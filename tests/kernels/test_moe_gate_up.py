@@ -7,6 +7,7 @@ import torch
 
 from kt_cli import kernels
 from kt_cli.ops import Ops, gate_up
+from kt_cli.ops.ffi_args import kt_matrix
 from kt_cli.ops.moe import MoEExperts
 from kt_weights.layout import Format, QMatrix, quantize_reference
 
@@ -120,3 +121,26 @@ def test_dequantized_experts_are_the_loaded_ones(ops, fmt):
     for e in (0, E - 1):
         for got, m in zip(moe.dequantized(e), (mats[e] for mats in weights)):
             assert torch.equal(got, m.dequantize())
+
+
+def test_a_gate_up_of_the_wrong_shape_is_refused(ops):
+    """kt_moe_new checks gate_up's rows (2 inter) itself: C trusts no size it is handed."""
+    gate, up, down = layer_weights(Format.I8, 64)
+    ffi, lib = ops.pool.kernels.ffi, ops.pool.kernels.lib
+
+    def descriptor(gate_up):
+        arrays = [ffi.new("kt_matrix[]", E) for _ in range(2)]
+        for e in range(E):
+            arrays[0][e] = kt_matrix(ffi, gate_up[e])[0]
+            arrays[1][e] = kt_matrix(ffi, down[e])[0]
+        desc = ffi.new("kt_moe_desc *")
+        desc.n_experts, desc.hidden, desc.inter = E, H, 64
+        desc.gate_up, desc.down = arrays
+        return desc, arrays
+
+    good, borrowed = descriptor([gate_up.interleave(g, u) for g, u in zip(gate, up)])
+    handle = lib.kt_moe_new(good)
+    assert handle != ffi.NULL
+    lib.kt_moe_free(handle)
+    bad, borrowed = descriptor(gate)        # inter rows where 2 inter belong
+    assert lib.kt_moe_new(bad) == ffi.NULL
