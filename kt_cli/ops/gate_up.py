@@ -23,42 +23,26 @@ def wanted(interleave: bool | None, gate: QMatrix, up: QMatrix) -> bool:
 
 def interleave(gate: QMatrix, up: QMatrix) -> QMatrix:
     """gate and up (inter, cols) in the row layout -> gate_up (2 inter, cols), same format."""
+    at_gate, at_up = _positions(gate.rows)
+
     def pick(name):
-        rows = getattr(gate, name)
-        return None if rows is None else _interleave_rows(rows, getattr(up, name))
+        g, u = getattr(gate, name), getattr(up, name)
+        if g is None:
+            return None
+        return g.new_empty((2 * gate.rows,) + g.shape[1:]).index_copy_(0, at_gate, g).index_copy_(0, at_up, u)
     return QMatrix(gate.format, 2 * gate.rows, gate.cols, pick("data"), gate.group, pick("scale"), pick("min"))
 
 
 def split(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """gate_up's rows [2 inter, ...] (dequantized, say) -> gate [inter, ...], up [inter, ...]"""
-    inter = rows.shape[0] // 2
-    gate, up = rows.new_empty((inter,) + rows.shape[1:]), rows.new_empty((inter,) + rows.shape[1:])
-    full, rest = _paired(rows, inter), inter % GATE_UP_CHUNK
-    if full is not None:
-        gate[:len(full) * GATE_UP_CHUNK] = full[:, 0].flatten(0, 1)
-        up[:len(full) * GATE_UP_CHUNK] = full[:, 1].flatten(0, 1)
-    if rest:
-        gate[inter - rest:] = rows[2 * inter - 2 * rest:2 * inter - rest]
-        up[inter - rest:] = rows[2 * inter - rest:]
-    return gate, up
+    at_gate, at_up = _positions(rows.shape[0] // 2)
+    return rows.index_select(0, at_gate), rows.index_select(0, at_up)
 
 
-def _interleave_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    inter = gate.shape[0]
-    out = gate.new_empty((2 * inter,) + gate.shape[1:])
-    full, rest = _paired(out, inter), inter % GATE_UP_CHUNK
-    if full is not None:
-        full[:, 0] = gate[:len(full) * GATE_UP_CHUNK].unflatten(0, (len(full), GATE_UP_CHUNK))
-        full[:, 1] = up[:len(full) * GATE_UP_CHUNK].unflatten(0, (len(full), GATE_UP_CHUNK))
-    if rest:
-        out[2 * inter - 2 * rest:2 * inter - rest] = gate[inter - rest:]
-        out[2 * inter - rest:] = up[inter - rest:]
-    return out
-
-
-def _paired(rows: torch.Tensor, inter: int) -> torch.Tensor | None:
-    """gate_up's whole chunks as a view [chunks, 2 (gate, up), CHUNK, ...], or None if there are none"""
-    chunks = inter // GATE_UP_CHUNK
-    if chunks == 0:
-        return None
-    return rows[:2 * chunks * GATE_UP_CHUNK].unflatten(0, (chunks, 2, GATE_UP_CHUNK))
+def _positions(inter: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where gate's and up's rows r lie in gate_up: r + c and r + c + n, c = r's chunk start,
+    n = that chunk's rows"""
+    r = torch.arange(inter)
+    c = r // GATE_UP_CHUNK * GATE_UP_CHUNK
+    n = (inter - c).clamp(max=GATE_UP_CHUNK)
+    return r + c, r + c + n
