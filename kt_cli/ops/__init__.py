@@ -8,6 +8,7 @@ API (implemented in this package's modules):
   decode_layout(w: QMatrix) -> QMatrix    I4 (I8) in row8 where the kernels take it, else kernel_layout (load time)
   prefill_acts(w: QMatrix) -> str         the activations a dense layer gives w from GEMM_MIN_TOKENS tokens
   BoundLinear(pool, w)(x, acts="int8")    linear() with w's native descriptor built once (per-token layers)
+  row_lookup(w: QMatrix)(ids [n] int64)   -> rows of w [n, cols] f32 (row or tiled layout; embeddings)
   quantize(w [rows, cols] f32, fmt, group, symmetric=True) -> QMatrix   (native, all threads)
   quantize_rows_i8(x [rows, n] f32)       -> (q int8 [rows, n], scale f32 [rows])
   membw_read_gbps(n_bytes, repeats)       -> float
@@ -46,6 +47,7 @@ from .attention import Contexts
 from .ffi_args import OpError
 from .linear import BoundLinear, decode_layout, kernel_layout, prefill_acts
 from .pool import Pool
+from .rows import RowLookup
 
 
 class Ops:
@@ -64,6 +66,9 @@ class Ops:
 
     def quantize(self, w: torch.Tensor, fmt: Format, group: int, symmetric: bool = True) -> QMatrix:
         return _quant.quantize(self.pool, w, fmt, group, symmetric)
+
+    def row_lookup(self, w: QMatrix) -> RowLookup:
+        return RowLookup(self.kernels, w)
 
     def quantize_rows_i8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _quant.quantize_rows_i8(self.kernels, x)

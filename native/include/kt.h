@@ -148,6 +148,12 @@ enum kt_tile { KT_TILE_ROWS = 4, KT_TILE_CHUNK = 64 };
  * Runs on the pool's threads when pool is not NULL. */
 int kt_tile_codes(kt_pool *pool, void *dst, const void *src, int64_t rows, int64_t row_bytes);
 
+/* out (n, w->cols) = rows rows[0..n) of W as float32 (a token-embedding lookup): the
+ * values kt_cli's QMatrix.dequantize gives, bit for bit (w = scale*(q-8) or scale*q + min,
+ * rounded after each operation). Rows and tiled layouts; KT_EUNSUPPORTED for ROW8;
+ * KT_EINVAL for an invalid matrix or a row id outside [0, w->rows); n may be 0. */
+int kt_dequantize_rows_f32(float *out, const kt_matrix *w, const int64_t *rows, int64_t n);
+
 /* ---- activation quantization ----------------------------------------------------
  * Per-row symmetric INT8: x[r, :] ~= scale[r] * q[r, :], q in -127..127.
  * (A utility: the I8/I4 linear and MoE kernels quantize activations themselves,
