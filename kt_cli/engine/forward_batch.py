@@ -48,8 +48,14 @@ class ForwardBatch:
     context_lens: list[int]       # [B] tokens in the cache after this step, per sequence
     block_tables: list[list[int]] # [B][blocks] cache blocks of each sequence, in order
     slot_mapping: torch.Tensor    # [N] int64 slot where each new token's K/V is written
-    logits_rows: torch.Tensor     # [R] int64 rows of N whose logits are returned
+    logits_rows: torch.Tensor     # [R] int64 rows of N whose logits are returned, strictly increasing
     kv: KVCache
+
+    @property
+    def logits_every_row(self) -> bool:
+        """Whether logits_rows is every row 0..N-1 (being strictly increasing, R == N says so):
+        decode steps whose sequences all sample, where the model skips the row gather."""
+        return self.logits_rows.numel() == self.input_ids.numel()
 
     @property
     def num_seqs(self) -> int:

@@ -37,7 +37,8 @@ class AttentionContext:
     def build(cls, batch: ForwardBatch, rotary: Rotary, dtype: torch.dtype) -> "AttentionContext":
         device = batch.kv.layers[0][0].device
         seqs = [_seq_view(batch, i, device) for i in range(batch.num_seqs)]
-        return cls(batch.kv, batch.slot_mapping.to(device), seqs, rotary.tables(batch.positions, dtype))
+        end = max(batch.context_lens, default=0)       # each sequence's last position is its length - 1
+        return cls(batch.kv, batch.slot_mapping.to(device), seqs, rotary.tables(batch.positions, dtype, end))
 
     @cached_property
     def decode(self) -> ops.Contexts | None:

@@ -141,9 +141,12 @@ class Rotary(torch.nn.Module):
         angles = positions.to(self.inv_freq.device, torch.float32)[:, None] * self.inv_freq
         return angles.cos() * self.scaling, angles.sin() * self.scaling
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
-        """positions [N] -> the step's RopeTables in the compute dtype."""
-        end = int(positions.max()) + 1 if positions.numel() else 0
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype, end: int | None = None) -> RopeTables:
+        """positions [N] -> the step's RopeTables in the compute dtype. end: max(positions) + 1
+        where the caller knows it (a batch's longest context), sparing a reduction and a sync;
+        it only sizes the cached tables, which index_select bounds-checks against."""
+        if end is None:
+            end = int(positions.max()) + 1 if positions.numel() else 0
         if end > CACHED_POSITIONS:
             cos, sin = self._full_tables(positions, dtype)
             return RopeTables(cos[:, None, :], sin[:, None, :])

@@ -97,7 +97,9 @@ class CausalLM(torch.nn.Module):
         else:
             for layer in self.layers:
                 h = layer.forward(h, ctx)
-        h = self.norm.forward(h.index_select(0, batch.logits_rows.to(h.device)))
+        if not batch.logits_every_row:
+            h = h.index_select(0, batch.logits_rows.to(h.device))
+        h = self.norm.forward(h)
         logits = self.lm_head.forward(h)
         return logits if logits.dtype == torch.float32 else logits.float()
 

@@ -28,3 +28,12 @@ def test_consecutive_blocks_give_the_slot_range(table, length):
 @pytest.mark.parametrize("table,length", [([3, 1], 5), ([5, 6, 8], 9), ([7, 6], 8)])
 def test_scattered_blocks_give_no_range(table, length):
     assert batch([table], [length]).seq_slot_range(0) is None
+
+
+def test_logits_of_every_row_are_recognised():
+    """R == N with strictly increasing rows is every row: the model then skips the gather"""
+    decode = batch([[1], [2], [3]], [1, 2, 3])
+    assert decode.logits_every_row
+    prefill = ForwardBatch(torch.zeros(4, dtype=torch.int64), torch.arange(4), [0, 4], [4], [[0]],
+                           torch.arange(4), torch.tensor([3]), decode.kv)
+    assert not prefill.logits_every_row

@@ -64,6 +64,17 @@ def test_rope_is_the_textbook_rotation_bit_for_bit(interleaved, dtype, positions
     assert torch.equal(got, textbook_rope(x, cos, sin, interleaved))
 
 
+@pytest.mark.parametrize("end", [78, 300, CACHED_POSITIONS + 5])
+def test_rope_tables_sized_by_the_caller_are_the_same(end):
+    """AttentionContext passes end = the batch's longest context; any end past the largest
+    position gives the same tables as sizing them from the positions"""
+    rotary = Rotary(RopeSpec(dim=16, theta=1e4), torch.device("cpu"))
+    positions = torch.tensor([77, 3, 40])
+    want = Rotary(RopeSpec(dim=16, theta=1e4), torch.device("cpu")).tables(positions, torch.float32)
+    got = rotary.tables(positions, torch.float32, end)
+    assert torch.equal(got.cos, want.cos) and torch.equal(got.sin, want.sin)
+
+
 def test_rope_rotates_by_position_times_frequency():
     rotary = Rotary(RopeSpec(dim=4, theta=100.0), torch.device("cpu"))
     x = torch.tensor([[[1.0, 0.0, 0.0, 1.0]]])
