@@ -23,7 +23,8 @@ from .rope import RopeTables, Rotary
 class SeqView:
     rows: slice
     slots: torch.Tensor | slice   # [L] int64 cache slots of positions 0..L-1, or their range
-    mask: torch.Tensor | None     # [n, L] bool, True = may attend; None = all
+    mask: torch.Tensor | None     # [n, L] bool, True = may attend; None = all (or causal)
+    causal: bool = False          # n == L > 1: plain causal, no mask (torch's flash kernel skips the masked blocks)
 
 
 @dataclass
@@ -57,24 +58,27 @@ def _decode_contexts(seqs: list[SeqView], device: torch.device) -> ops.Contexts 
 def _seq_view(batch: ForwardBatch, i: int, device: torch.device) -> SeqView:
     rows = batch.seq_rows(i)
     n, length = rows.stop - rows.start, batch.context_lens[i]
-    mask = None
-    if n > 1:
+    mask, causal = None, n > 1 and n == length
+    if n > 1 and not causal:
         query_pos = torch.arange(length - n, length, device=device)
         mask = torch.arange(length, device=device)[None, :] <= query_pos[:, None]
     slots = batch.seq_slot_range(i)
-    return SeqView(rows, batch.seq_slots(i).to(device) if slots is None else slots, mask)
+    return SeqView(rows, batch.seq_slots(i).to(device) if slots is None else slots, mask, causal)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-           scale: float) -> torch.Tensor:
-    """q [n, H, D], k [L, Hkv, D], v [L, Hkv, Dv], H a multiple of Hkv -> [n, H, Dv]"""
+           scale: float, causal: bool = False) -> torch.Tensor:
+    """q [n, H, D], k [L, Hkv, D], v [L, Hkv, Dv], H a multiple of Hkv -> [n, H, Dv]; causal
+    (n == L, mask None): query i sees keys 0..i"""
     if q.shape[0] == 1 and q.dtype == torch.float32 and q.device.type == "cpu":
         return _attend_one_query(q, k, v, scale)
     # batched 4-D inputs: torch's CPU SDPA takes its flash kernel for them, but the
-    # math fallback for 3-D ones (pp512, 32/4 heads of 128, 2 threads: 45 vs 112 ms)
+    # math fallback for 3-D ones (pp512, 32/4 heads of 128, 2 threads: 45 vs 112 ms).
+    # is_causal lets the flash kernel skip the key blocks past each query block, which
+    # a boolean mask only zeroes after computing them
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+        attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     return out[0].transpose(0, 1)
 
 
@@ -140,7 +144,7 @@ class GQAAttention(torch.nn.Module):
             return ops.decode_attention(q.contiguous(), k_cache, v_cache, ctx.decode, self.scale)
         def one(seq: SeqView, q_seq: torch.Tensor) -> torch.Tensor:
             keys, values = read_cache(k_cache, seq.slots, q.dtype), read_cache(v_cache, seq.slots, q.dtype)
-            return attend(q_seq, keys, values, seq.mask, self.scale)
+            return attend(q_seq, keys, values, seq.mask, self.scale, seq.causal)
         if len(ctx.seqs) == 1:
             return one(ctx.seqs[0], q)
         out = q.new_empty(q.shape)

@@ -88,7 +88,8 @@ class MLAttention(torch.nn.Module):
         """rows [L, r + rope] cache rows -> [n, H, v]"""
         q_lat = torch.einsum("nhd,hdr->nhr", q_nope, self.w_uk)
         q = torch.cat((q_lat, q_pe), dim=-1)
-        out_lat = attend(q, rows[:, None, :], rows[:, None, :self.dims.kv_lora_rank], seq.mask, self.scale)
+        out_lat = attend(q, rows[:, None, :], rows[:, None, :self.dims.kv_lora_rank], seq.mask, self.scale,
+                         seq.causal)
         return torch.einsum("nhr,hvr->nhv", out_lat, self.w_uv)
 
     def _expanded(self, q_nope, q_pe, rows, seq: SeqView) -> torch.Tensor:
@@ -97,4 +98,4 @@ class MLAttention(torch.nn.Module):
         k_nope = torch.einsum("lr,hdr->lhd", c, self.w_uk)
         v = torch.einsum("lr,hvr->lhv", c, self.w_uv)
         k = torch.cat((k_nope, k_pe[:, None, :].expand(-1, d.num_heads, -1)), dim=-1)
-        return attend(torch.cat((q_nope, q_pe), dim=-1), k, v, seq.mask, self.scale)
+        return attend(torch.cat((q_nope, q_pe), dim=-1), k, v, seq.mask, self.scale, seq.causal)

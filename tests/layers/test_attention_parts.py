@@ -37,6 +37,31 @@ def test_one_query_attention_matches_float64(heads, kv_heads, dim, v_dim, length
     assert (got.double() - ref).abs().max().item() < 2e-6 * ref.abs().max().item()   # measured <= 4e-7
 
 
+def reference_causal_attention(q, k, v, scale):
+    """q [n, H, D], k [n, Hkv, D], v [n, Hkv, Dv] in float64: query i sees keys 0..i"""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(group, dim=1), v.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,lhd->hnl", q.double(), k) * scale
+    n = q.shape[0]
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.einsum("hnl,lhv->nhv", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("heads,kv_heads,n", [(8, 2, 5), (4, 4, 64), (8, 1, 700)])    # 700: two key blocks
+def test_causal_prompt_attention_matches_float64_and_the_mask(heads, kv_heads, n):
+    """A whole prompt (n == L) attends with is_causal instead of a boolean mask, which lets
+    torch's flash kernel skip key blocks: the result must be the causal softmax, and the
+    masked call's within float32 rounding"""
+    g = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(n, h, 32, generator=g) for h in (heads, kv_heads, kv_heads))
+    mask = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
+    got = attend(q, k, v, None, 0.2, causal=True)
+    ref = reference_causal_attention(q, k, v, 0.2)
+    assert got.shape == (n, heads, 32)
+    assert (got.double() - ref).abs().max().item() < 2e-6 * ref.abs().max().item()
+    torch.testing.assert_close(got, attend(q, k, v, mask, 0.2), rtol=1e-6, atol=1e-6)
+
+
 def textbook_rope(x, cos, sin, interleaved):
     """cos, sin [N, dim/2]: pairs (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)"""
     cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
