@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..engine.forward_batch import ForwardBatch, KVCache, KVSpec
 from .fused import FusedLinear
-from .linear import Linear
+from .linear import Linear, int8_prefill_fits
 from .norm import RMSNorm, stack_heads
 from .rope import RopeTables, Rotary
 
@@ -117,6 +117,13 @@ class GQAAttention(torch.nn.Module):
         self.rotary = rotary
         self.qk_norm = stack_heads([(qk_norm[0], num_heads), (qk_norm[1], num_kv_heads)]) if qk_norm else None
         self.scale = head_dim ** -0.5
+
+    def int8_prefill(self) -> None:
+        """q/k/v take int8 activations in prefill where their weights allow (int8_prefill_fits):
+        asked by MoE layers, whose experts prefill on int8 activations already"""
+        for linear in self.qkv.linears:
+            if int8_prefill_fits(linear):
+                linear.prefill_acts = "int8"
 
     def kv_spec(self, dtype: torch.dtype) -> KVSpec:
         shape = (self.num_kv_heads, self.head_dim)

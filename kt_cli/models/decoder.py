@@ -8,7 +8,7 @@ import torch
 
 from ..engine.forward_batch import ForwardBatch, KVSpec
 from ..errors import ModelError
-from ..layers.attention import AttentionContext
+from ..layers.attention import AttentionContext, GQAAttention
 from ..layers.decode_plan import DecodePlan, DecodeWorkspace, plan_for
 from ..layers.decode_stack import stack_for
 from ..layers.embedding import Embedding
@@ -105,9 +105,11 @@ class CausalLM(torch.nn.Module):
 
     def _layer(self, w: Weights, i: int) -> DecoderLayer:
         eps, prefix = self.config.rms_norm_eps, f"model.layers.{i}"
-        return DecoderLayer(self.build_attention(w, i), self.build_mlp(w, i),
-                             w.norm(f"{prefix}.input_layernorm", eps),
-                             w.norm(f"{prefix}.post_attention_layernorm", eps))
+        attn, mlp = self.build_attention(w, i), self.build_mlp(w, i)
+        if isinstance(mlp, MoEBlock) and isinstance(attn, GQAAttention):
+            attn.int8_prefill()
+        return DecoderLayer(attn, mlp, w.norm(f"{prefix}.input_layernorm", eps),
+                            w.norm(f"{prefix}.post_attention_layernorm", eps))
 
     def _lm_head(self, w: Weights) -> Linear:
         if self.config.tie_word_embeddings or not w.has("lm_head.weight"):

@@ -17,6 +17,7 @@ import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
 
+from kt_cli import ops
 from kt_cli.models.registry import ModelOptions, build_model
 from kt_weights.checkpoint import open_checkpoint
 from kt_weights.convert import ConvertOptions, convert
@@ -72,6 +73,22 @@ def test_kt_format_logits_match_the_source(kind, to, tmp_path, tmp_path_factory)
     summary = convert(ConvertOptions(str(src), tmp_path / "out", to, group_size=32))
     check(logits(tmp_path / "out"), ref, to, kind)
     assert summary.units == json.loads((src / "config.json").read_text())["num_hidden_layers"] + 1
+
+
+@pytest.mark.parametrize("kind,moe", [("qwen3_moe", True), ("llama", False)])
+def test_moe_layers_prefill_q_k_v_on_int8(kind, moe, tmp_path, tmp_path_factory):
+    """INT4 q/k/v of MoE layers take int8 activations in prefill, as their experts do, where the
+    8-row kernel runs them (not on AMX tiles, which take bf16); o_proj, and every projection of
+    a dense model, keep the build's choice (int16 pairs or float32)"""
+    src, _ = tiny(kind, tmp_path_factory)
+    convert(ConvertOptions(str(src), tmp_path / "out", "int4", group_size=32))
+    with open_checkpoint(tmp_path / "out") as ckpt:
+        model = build_model(ckpt, ModelOptions())
+    lib, pool = ops.default().kernels.lib, ops.pool()
+    expect_int8 = moe and bool(lib.kt_row8_kernel() & lib.KT_ROW8_I4) and not pool.amx_tiles
+    qkv = {linear.prefill_acts for layer in model.layers for linear in layer.attn.qkv.linears}
+    assert qkv == {"int8"} if expect_int8 else "int8" not in qkv
+    assert all(layer.attn.o_proj.prefill_acts != "int8" for layer in model.layers)
 
 
 # llama is covered by llama_tied below: kt's GGUF reader does not turn rope_freqs back into
