@@ -1,21 +1,7 @@
 /* dequant.c: picked rows of a matrix as float32 (kt.h kt_dequantize_rows_f32), the
  * token-embedding lookup of a step: a few rows, so plain scalar code in every build. */
-#include <string.h>
 #include "kt_internal.h"
-
-static float float_weight(const kt_matrix *w, int64_t r, int64_t k)
-{
-    const int64_t i = r * w->cols + k;
-    if (w->format == KT_F32)
-        return ((const float *)w->data)[i];
-    uint16_t h = ((const uint16_t *)w->data)[i];
-    if (w->format == KT_F16)
-        return kt_f16_to_f32(h);
-    uint32_t u = (uint32_t)h << 16;     /* bf16: the top half of a float32 */
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+#include "simd_float.h"
 
 /* The code of column k of a row whose bytes start at `start` (kt_row_start): I4 column k of
  * block k / 32 sits in byte k % 16 of the block, low nibble for k % 32 < 16, else high. */
@@ -31,8 +17,9 @@ static int code_at(const kt_matrix *w, const uint8_t *start, int64_t stride, int
 static void dequantize_row(float *dst, const kt_matrix *w, int64_t r)
 {
     if (w->format == KT_F32 || w->format == KT_BF16 || w->format == KT_F16) {
+        const void *row = (const char *)w->data + r * w->cols * (w->format == KT_F32 ? 4 : 2);
         for (int64_t k = 0; k < w->cols; k++)
-            dst[k] = float_weight(w, r, k);
+            dst[k] = weight_f(row, k, w->format);
         return;
     }
     const int64_t n_groups = w->cols / w->group, stride = kt_chunk_stride(w);

@@ -1,5 +1,5 @@
 /* simd_float.h: row kernels for the float weight formats (F32, BF16, F16),
- * included by linear.c only.
+ * included by linear.c, gemm.c and dequant.c (weight_f).
  *
  * float_tile computes a tile of RT weight rows (1, 2 or 4) against TT tokens (1..4):
  *   out[t * ldo + r] = dot(W row r, x[t]),  x[t] = x + t * cols

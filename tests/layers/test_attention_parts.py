@@ -90,14 +90,15 @@ def test_rope_is_the_textbook_rotation_bit_for_bit(interleaved, dtype, positions
 
 
 @pytest.mark.parametrize("end", [78, 300, CACHED_POSITIONS + 5])
-def test_rope_tables_sized_by_the_caller_are_the_same(end):
+def test_rope_tables_sized_by_the_caller_rotate_as_the_textbook(end):
     """AttentionContext passes end = the batch's longest context; any end past the largest
-    position gives the same tables as sizing them from the positions"""
+    position must still give the textbook rotation at each position"""
     rotary = Rotary(RopeSpec(dim=16, theta=1e4), torch.device("cpu"))
     positions = torch.tensor([77, 3, 40])
-    want = Rotary(RopeSpec(dim=16, theta=1e4), torch.device("cpu")).tables(positions, torch.float32)
-    got = rotary.tables(positions, torch.float32, end)
-    assert torch.equal(got.cos, want.cos) and torch.equal(got.sin, want.sin)
+    x = torch.randn(3, 2, 16, generator=torch.Generator().manual_seed(end))
+    cos, sin = rotary.cos_sin(positions)
+    got = rotary.apply(x, rotary.tables(positions, torch.float32, end))
+    assert torch.equal(got, textbook_rope(x, cos, sin, False))
 
 
 def test_rope_rotates_by_position_times_frequency():
