@@ -8,6 +8,8 @@ The flow of one step, and what each hop hands to the next:
   ModelRunner.build_batch(chunks)          -> ForwardBatch      (flat ids, positions, slots)
   model.forward(ForwardBatch)              -> logits [R, vocab] (one row per sampling chunk)
   Sampler(logits, sequences)               -> list[int]         (next token per sampling chunk)
+    or, when every sampling row is greedy without penalties (Sampler.argmax_only):
+  model.greedy_tokens(ForwardBatch)        -> [R] int64         (the argmax, no logits handed on)
   LLMEngine._advance(seq, token)           -> RequestOutput     (stop checks, TextStream delta)
 
 add_request and abort may be called from other threads (the HTTP server's): they only

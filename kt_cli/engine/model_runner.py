@@ -13,6 +13,9 @@ from .scheduler import ScheduledChunk
 
 
 class CausalLM(Protocol):
+    """A model may also have greedy_tokens(batch) -> [R] int64, the argmax of forward(batch)'s
+    rows: steps whose every sampling row only takes the argmax (Sampler.argmax_only) call it."""
+
     def kv_specs(self) -> list[KVSpec]: ...
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor: ...
@@ -50,8 +53,12 @@ class ModelRunner:
     def run(self, chunks: list[ScheduledChunk]) -> list[int]:
         """One step; returns the next token of each chunk that reaches its sequence's end, in order."""
         sampling = [chunk.seq for chunk in chunks if chunk.samples]
+        greedy = getattr(self.model, "greedy_tokens", None) if self.sampler.argmax_only(sampling) else None
         with self._torch_threads(sum(chunk.num_tokens for chunk in chunks)):
-            logits = self.model.forward(self.build_batch(chunks, all_rows=False))   # [R, V]
+            batch = self.build_batch(chunks, all_rows=False)
+            if greedy is not None:
+                return greedy(batch).tolist()
+            logits = self.model.forward(batch)   # [R, V]
         return self.sampler(logits, sampling) if sampling else []
 
     @contextmanager

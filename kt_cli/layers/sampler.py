@@ -27,6 +27,11 @@ class Sampler:
     def __init__(self, generator: torch.Generator | None = None):
         self.generator = generator
 
+    @staticmethod
+    def argmax_only(rows: list[SamplingState]) -> bool:
+        """Whether these rows' tokens are the argmax of their raw logits (greedy, no penalties)"""
+        return bool(rows) and all(row.params.greedy and not row.params.has_penalties for row in rows)
+
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[SamplingState]) -> list[int]:
         logits = apply_penalties(logits.float().cpu(), rows)   # [B, V]

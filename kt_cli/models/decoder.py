@@ -1,7 +1,8 @@
 """CausalLM: the decoder-only skeleton every architecture shares.
 
 forward(ForwardBatch): embed input_ids [N] -> per layer h += attn(norm(h)), h += mlp(norm(h))
--> final norm on batch.logits_rows -> lm_head -> logits [R, vocab] float32.
+-> final norm on batch.logits_rows -> lm_head -> logits [R, vocab] float32; greedy_tokens(batch)
+-> their argmax [R].
 Each architecture subclass parses its config and builds its attention and MLP per layer."""
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from ..engine.forward_batch import ForwardBatch, KVSpec
 from ..errors import ModelError
 from ..layers.attention import AttentionContext, GQAAttention
+from ..layers.decode_head import head_for
 from ..layers.decode_plan import DecodePlan, DecodeWorkspace, plan_for
 from ..layers.decode_stack import stack_for
 from ..layers.embedding import Embedding
@@ -58,12 +60,14 @@ class CausalLM(torch.nn.Module):
     def use_decode_plans(self, on: bool) -> None:
         """Decode steps of float32 CPU models run each plain GQA layer as straight native calls
         (kt_cli.layers.decode_plan), all layers in one call where every layer allows it
-        (kt_cli.layers.decode_stack); off, every step goes through the modules."""
+        (kt_cli.layers.decode_stack), and the final norm and lm_head as one more
+        (kt_cli.layers.decode_head); off, every step goes through the modules."""
         workspace = DecodeWorkspace()
         eligible = on and self.options.device == "cpu" and self.options.dtype == torch.float32
         for layer in self.layers:
             layer.decode_plan = plan_for(layer, workspace) if eligible else None
         self.decode_stack = stack_for([layer.decode_plan for layer in self.layers], workspace) if eligible else None
+        self.decode_head = head_for(self.norm, self.lm_head) if eligible else None
 
     @classmethod
     def from_checkpoint(cls, ckpt, options: ModelOptions) -> "CausalLM":
@@ -89,6 +93,17 @@ class CausalLM(torch.nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """-> logits [R, vocab] float32 for batch.logits_rows"""
+        return self._head(self._last_hidden(batch), argmax=False)[0]
+
+    @torch.inference_mode()
+    def greedy_tokens(self, batch: ForwardBatch) -> torch.Tensor:
+        """-> [R] int64 on the cpu: the argmax of forward(batch)'s rows as the sampler takes it
+        (torch.argmax: the first largest; a NaN counts as the largest)"""
+        logits, tokens = self._head(self._last_hidden(batch), argmax=True)
+        return tokens if tokens is not None else logits.float().cpu().argmax(dim=-1)
+
+    def _last_hidden(self, batch: ForwardBatch) -> torch.Tensor:
+        """-> the last layer's output at batch.logits_rows [R, hidden]"""
         self._check(batch)
         ctx = AttentionContext.build(batch, self.rotary, self.options.dtype)
         h = self.embed.forward(batch.input_ids)
@@ -99,9 +114,14 @@ class CausalLM(torch.nn.Module):
                 h = layer.forward(h, ctx)
         if not batch.logits_every_row:
             h = h.index_select(0, batch.logits_rows.to(h.device))
-        h = self.norm.forward(h)
-        logits = self.lm_head.forward(h)
-        return logits if logits.dtype == torch.float32 else logits.float()
+        return h
+
+    def _head(self, h: torch.Tensor, argmax: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> (logits [R, vocab] float32, their argmax or None where the modules ran)"""
+        if self.decode_head is not None and self.decode_head.applies(h):
+            return self.decode_head(h, argmax)
+        logits = self.lm_head.forward(self.norm.forward(h))
+        return (logits if logits.dtype == torch.float32 else logits.float()), None
 
     def _layer(self, w: Weights, i: int) -> DecoderLayer:
         eps, prefix = self.config.rms_norm_eps, f"model.layers.{i}"

@@ -104,16 +104,21 @@ class PlacementRuntime:
             atexit.register(self._record_at_exit)
 
     def _record_after_forward(self) -> None:
-        """Checks the interval after every forward. The engine calls model.forward
-        directly, which module forward hooks never see, so the bound method itself is
-        wrapped (an instance attribute: model(...) goes through it as well)."""
-        forward = self.model.forward
+        """Checks the interval after every forward (model.forward, and model.greedy_tokens,
+        which greedy steps call instead). The engine calls them directly, which module
+        forward hooks never see, so the bound methods themselves are wrapped (instance
+        attributes: model(...) goes through forward's as well)."""
+        for name in ("forward", "greedy_tokens"):
+            method = getattr(self.model, name, None)
+            if method is not None:
+                setattr(self.model, name, self._recording(method))
 
-        def recording_forward(*args, **kwargs):
-            out = forward(*args, **kwargs)
+    def _recording(self, method):
+        def recording(*args, **kwargs):
+            out = method(*args, **kwargs)
             self._maybe_record()
             return out
-        self.model.forward = recording_forward
+        return recording
 
     def stop_recording(self) -> None:
         self._record_path = None

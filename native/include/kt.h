@@ -360,3 +360,21 @@ int64_t kt_decode_stack_scratch_floats(const kt_decode_stack_layer *layers, int3
 int kt_decode_stack_f32(kt_pool *pool, const kt_decode_stack_layer *layers, int32_t n_layers,
                         const kt_decode_step *s, float *h, float *scratch, int64_t scratch_floats,
                         double *moe_seconds);
+
+/* ---- the end of a decode step -----------------------------------------------------
+ * For h [n, hidden], the last layer's output: x = rmsnorm(h, norm, eps), then
+ * logits [n, vocab] = x @ lm_head^T with `acts` as kt_linear (vocab = lm_head's rows),
+ * and, when argmax is not NULL, argmax[t] = the first index of row t's largest logit
+ * (a NaN counts as the largest: torch.argmax's pick). Scratch: at least
+ * kt_decode_head_scratch_floats(H, n) floats (-1: the descriptor is inconsistent). */
+typedef struct kt_decode_head {
+    int64_t hidden;
+    const float *norm;                               /* [hidden] */
+    float eps;
+    const kt_matrix *lm_head;                        /* (vocab, hidden) */
+    int32_t acts;
+} kt_decode_head;
+
+int64_t kt_decode_head_scratch_floats(const kt_decode_head *H, int64_t n);
+int kt_decode_head_f32(kt_pool *pool, const kt_decode_head *H, const float *h, int64_t n, float *logits,
+                       int64_t *argmax, float *scratch, int64_t scratch_floats);

@@ -110,6 +110,27 @@ def test_decode_steps_match_transformers(tiny, lengths, path, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 5])
+def test_native_head_gives_the_modules_logits_and_their_argmax(tiny, rows):
+    """The final norm and lm_head in one call: the bits of the modules (RMSNorm, Linear) on the
+    same hidden states, and torch.argmax of them; wider batches than the native norm's take the modules"""
+    kind, model, _ = tiny
+    head = model.decode_head
+    assert head is not None
+    h = 2.0 * torch.randn(rows, model.config.hidden_size, generator=torch.Generator().manual_seed(rows))
+    logits, tokens = head(h, argmax=True)
+    want = model.lm_head.forward(model.norm.forward(h))
+    assert torch.equal(logits, want), kind
+    assert torch.equal(tokens, torch.argmax(want, dim=-1))
+    assert head(h, argmax=False)[1] is None
+    assert not head.applies(torch.randn(65, model.config.hidden_size)) and head.applies(h)
+    model.use_decode_plans(False)
+    try:
+        assert model.decode_head is None
+    finally:
+        model.use_decode_plans(True)
+
+
 def test_dense_qwen3_layer_with_qk_norm_runs_whole(tmp_path):
     """Per-head q/k norms with a dense MLP in one native call (Qwen3-MoE's mlp_only_layers);
     its decode logits are checked with the other kinds above."""

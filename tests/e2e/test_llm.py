@@ -57,6 +57,26 @@ def test_greedy_batch_equals_transformers_generate(tiny_llama, llm):
         assert out.text == llm.tokenizer.decode(want, skip_special_tokens=True)
 
 
+def test_greedy_steps_take_their_tokens_from_the_native_head(tiny_llama, llm, monkeypatch):
+    """Greedy rows without penalties get the head's argmax (the sampler is not asked); a
+    penalty sends the step back to the logits and the sampler. Both give transformers' tokens."""
+    _, ref = tiny_llama
+    head_calls, sampler_calls = [], []
+    head, sampler = type(llm.engine.runner.model.decode_head), type(llm.engine.runner.sampler)
+    monkeypatch.setattr(head, "__call__", lambda self, h, argmax, f=head.__call__:
+                        head_calls.append(argmax) or f(self, h, argmax))
+    monkeypatch.setattr(sampler, "__call__", lambda self, logits, rows, f=sampler.__call__:
+                        sampler_calls.append(1) or f(self, logits, rows))
+    prompt = PROMPTS[0]
+    greedy = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0]
+    assert greedy.token_ids == hf_greedy(ref, llm.encode(prompt), 8)
+    assert head_calls.count(True) == 8 and not sampler_calls      # prompt chunks that do not sample: False
+    head_calls.clear()
+    penalised = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, repetition_penalty=1.0001)
+    llm.generate([prompt], penalised)
+    assert head_calls and True not in head_calls and len(sampler_calls) == 8
+
+
 def test_shared_prefix_reports_cached_tokens_and_same_output(tiny_llama, llm):
     _, ref = tiny_llama
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -111,6 +111,16 @@ def test_greedy_takes_the_argmax_after_penalties():
     assert Sampler()(logits, [Row(params, [1], 1)]) == [2]
 
 
+def test_argmax_only_for_greedy_rows_without_penalties():
+    """The rows whose tokens the model's own argmax may give (ModelRunner skips the sampler)"""
+    row = lambda **kw: Row(SamplingParams(**kw), [1, 2], 1)
+    assert Sampler.argmax_only([row(temperature=0.0), row(temperature=0.0, top_k=5)])
+    assert not Sampler.argmax_only([])
+    assert not Sampler.argmax_only([row(temperature=0.0), row(temperature=0.7)])
+    for penalty in (dict(repetition_penalty=1.1), dict(presence_penalty=0.5), dict(frequency_penalty=0.5)):
+        assert not Sampler.argmax_only([row(temperature=0.0, **penalty)])
+
+
 def test_draws_follow_the_filtered_distribution():
     g = torch.Generator().manual_seed(2)
     logits = torch.randn(1, 8, generator=g) * 2
