@@ -7,6 +7,7 @@ machine (the probe `kt doctor` uses) as the ceiling for decode.
     python bench/moe_layer.py --threads 4 --min-time 1.0
     python bench/moe_layer.py --layouts --formats i4_g32 i4_g128 --tokens 1 8   # row8, tiled, split
     python bench/moe_layer.py --baseline OLD.so --formats q4_0 --tokens 128 512  # a kernel change
+    python bench/moe_layer.py --kt-kernel /tmp/ktk/pkg     # kt-kernel as a peer (bench/ktkernel_peer.py)
 
 --layouts times each I4 and I8 format three times: in its default layout (row8 where the
 kernels have the 8-row kernel, gate and up interleaved in one matrix), tiled (fmt name +
@@ -33,12 +34,21 @@ Qwen3-30B-A3B INT4 at T=1) in a 32 MB L3 and time the cache, not the memory. Col
               matmuls in --torch-dtype, measured once per shape
   speedup     torch ms / kt ms
 A shape/format whose weights do not fit in the available RAM is skipped with a note.
+--kt-kernel DIR (an unpacked kt-kernel wheel, see bench/ktkernel_peer.py) then runs kt-kernel
+on the same shape and token counts in the same run, after kt's rows: its AMXINT8 against
+kt's i8 and its AMXINT4 (one scale a row) against each of kt's INT4 formats; "kt faster" is
+kt-kernel ms / kt ms.
 """
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from dataclasses import dataclass, replace
 
 import kt_cli  # noqa: F401  before torch: it sets GOMP_SPINCOUNT, which libgomp reads as torch loads
@@ -252,6 +262,7 @@ def run_shape(shape_name: str, args, ops: Ops, base_ops: Ops | None) -> None:
     shape = SHAPES[shape_name]
     tokens = args.tokens or shape.default_tokens
     baseline = torch_baseline(shape_name, shape, tokens, args)
+    rows = []
     for name in args.formats or shape.default_formats:
         gb = shape.experts * expert_bytes(shape, name) / 1e9
         if gb * 1e9 > RAM_SHARE * hardware.memory().available_bytes:
@@ -268,7 +279,41 @@ def run_shape(shape_name: str, args, ops: Ops, base_ops: Ops | None) -> None:
         for T in tokens:
             for row in measure_layouts(shape_name, shape, layouts, T, args, baseline, ops):
                 print(format_row(row, shape), flush=True)
+                rows.append(row)
         del layouts, weights
+    if args.kt_kernel:
+        compare_with_kt_kernel(shape_name, shape, tokens, rows, args)
+
+
+# ---- kt-kernel as a peer (bench/ktkernel_peer.py) -------------------------------------
+
+PEER = Path(__file__).resolve().parent / "ktkernel_peer.py"
+PEER_METHODS = {"AMXINT8": lambda fmt: fmt == "i8", "AMXINT4": lambda fmt: fmt.startswith("i4") or fmt == "q4_0"}
+
+
+def run_kt_kernel(shape: Shape, tokens, args) -> dict:
+    env = {**os.environ, "PYTHONPATH": args.kt_kernel, "KT_FORCE_SYNC_SUBMIT": "1"}
+    with tempfile.TemporaryDirectory(prefix="ktk-weights-") as weights:
+        command = [sys.executable, str(PEER), "--hidden", str(shape.hidden), "--inter", str(shape.inter),
+                   "--experts", str(shape.experts), "--top-k", str(shape.top_k), "--tokens", *map(str, tokens),
+                   "--threads", str(args.threads), "--min-time", str(args.min_time), "--weight-dir", weights]
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+    marked = [line for line in done.stdout.splitlines() if line.startswith("KT_KERNEL_PEER ")]
+    if done.returncode != 0 or not marked:
+        raise SystemExit(f"kt-kernel peer failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return json.loads(marked[-1].removeprefix("KT_KERNEL_PEER "))
+
+
+def compare_with_kt_kernel(shape_name: str, shape: Shape, tokens, rows: list[Row], args) -> None:
+    peer = run_kt_kernel(shape, tokens, args)
+    print(f"{shape_name:<14} kt-kernel {peer['version']} ({peer['variant']} build), same run, after kt's rows:")
+    print(f"{'':<14} {'method':<9} {'T':>5} {'ms':>9} {'rel err':>8}   {'kt fmt':<13} {'kt ms':>9} {'kt faster':>10}")
+    for p in peer["rows"]:
+        err = f"{p['rel_err']:8.3f}" if p["rel_err"] is not None else f"{'':>8}"
+        mine = [r for r in rows if r.T == p["T"] and PEER_METHODS[p["method"]](r.fmt)] or [None]
+        for r in mine:
+            kt = f"{r.fmt:<13} {r.kt_s * 1e3:9.2f} {p['ms'] / (r.kt_s * 1e3):9.2f}x" if r else ""
+            print(f"{'':<14} {p['method']:<9} {p['T']:>5} {p['ms']:9.2f} {err}   {kt}", flush=True)
 
 
 def measure_layouts(shape_name: str, shape: Shape, layouts: dict[str, MoEExperts], T: int, args,
@@ -302,6 +347,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--layouts", action="store_true", help="I4 and I8 also tiled, alternating with the default layout")
     p.add_argument("--baseline", metavar="OLD.so", help="a saved build of the loaded variant, alternating with it")
+    p.add_argument("--kt-kernel", metavar="DIR", help="an unpacked kt-kernel wheel: run it as a peer (ktkernel_peer.py)")
     return p.parse_args()
 
 
