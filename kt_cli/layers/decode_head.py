@@ -12,24 +12,26 @@ import torch
 
 from .. import ops
 from ..ops.ffi_args import OpError, check_status
+from .decode_plan import DecodeWorkspace
 from .linear import Linear, dense_acts
 from .norm import NATIVE_MAX_ROWS, RMSNorm
 
 
-def head_for(norm, lm_head) -> "DecodeHead | None":
-    """A native head for this final norm and lm_head on the CPU in float32, or None."""
+def head_for(norm, lm_head, workspace: DecodeWorkspace) -> "DecodeHead | None":
+    """A native head for this final norm and lm_head on the CPU in float32, or None; its
+    scratch is the decode plans' workspace (the head runs after the last layer)."""
     if not (isinstance(norm, RMSNorm) and norm.f32_weight and norm.weight.device.type == "cpu"
             and norm.weight.dim() == 1):
         return None
     if not (isinstance(lm_head, Linear) and lm_head.kernel is not None and lm_head.bias is None
             and lm_head.cols == norm.weight.numel()):
         return None
-    return DecodeHead(norm, lm_head)
+    return DecodeHead(norm, lm_head, workspace)
 
 
 class DecodeHead:
-    def __init__(self, norm: RMSNorm, lm_head: Linear):
-        self.norm, self.lm_head = norm, lm_head
+    def __init__(self, norm: RMSNorm, lm_head: Linear, workspace: DecodeWorkspace):
+        self.norm, self.lm_head, self.ws = norm, lm_head, workspace
         self.pool = ops.pool()
         self.ffi, self.lib = self.pool.kernels.ffi, self.pool.kernels.lib
         self.hidden, self.vocab = lm_head.cols, lm_head.rows
@@ -38,7 +40,6 @@ class DecodeHead:
         d.norm = self.ffi.cast("const float *", norm.weight.data_ptr())
         d.lm_head = lm_head.kernel.desc
         self.desc = d
-        self.scratch = torch.empty(0, dtype=torch.float32)
         if self.lib.kt_decode_head_scratch_floats(d, 1) < 0:
             raise OpError("decode head: the native head refused this norm and lm_head")
 
@@ -51,9 +52,7 @@ class DecodeHead:
         """h [n, hidden] (applies(h)) -> (logits [n, vocab] float32, their argmax [n] int64 or None)"""
         h = h.contiguous()
         n = h.shape[0]
-        floats = n * self.hidden
-        if self.scratch.numel() < floats:
-            self.scratch = torch.empty(floats, dtype=torch.float32)
+        scratch = self.ws.scratch_for(n * self.hidden)
         logits = torch.empty(n, self.vocab, dtype=torch.float32)
         tokens = torch.empty(n, dtype=torch.int64) if argmax else None
         lm = self.lm_head
@@ -62,6 +61,6 @@ class DecodeHead:
         rc = self.lib.kt_decode_head_f32(
             self.pool.handle, self.desc, cast("const float *", h.data_ptr()), n,
             cast("float *", logits.data_ptr()), cast("int64_t *", tokens.data_ptr()) if argmax else self.ffi.NULL,
-            cast("float *", self.scratch.data_ptr()), self.scratch.numel())
+            cast("float *", scratch.data_ptr()), scratch.numel())
         check_status(rc, "kt_decode_head_f32")
         return logits, tokens

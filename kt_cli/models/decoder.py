@@ -67,7 +67,7 @@ class CausalLM(torch.nn.Module):
         for layer in self.layers:
             layer.decode_plan = plan_for(layer, workspace) if eligible else None
         self.decode_stack = stack_for([layer.decode_plan for layer in self.layers], workspace) if eligible else None
-        self.decode_head = head_for(self.norm, self.lm_head) if eligible else None
+        self.decode_head = head_for(self.norm, self.lm_head, workspace) if eligible else None
 
     @classmethod
     def from_checkpoint(cls, ckpt, options: ModelOptions) -> "CausalLM":

@@ -43,7 +43,7 @@ int kt_decode_head_f32(kt_pool *pool, const kt_decode_head *H, const float *h, i
 {
     if (!pool || !h || !logits || !scratch || n < 1 || !head_ok(H))
         return KT_EINVAL;
-    if (scratch_floats < kt_decode_head_scratch_floats(H, n))
+    if (n > INT64_MAX / H->hidden || scratch_floats < n * H->hidden)      /* kt_decode_head_scratch_floats */
         return KT_EINVAL;
     int rc = kt_rmsnorm_f32(scratch, h, H->norm, n, H->hidden, 1, H->eps);
     if (rc == KT_OK)
