@@ -48,6 +48,21 @@ static int uses_amx(const kt_matrix *w, int64_t m, int amx_tiles)
 #endif
 }
 
+/* BF16 prefill on AVX512-BF16 builds, where the AMX tiles do not take the tokens: the pair
+ * GEMM (gemm_bf16.c) on bf16 panels instead of the row tiles on bf16 rows */
+static int uses_pair_gemm(const kt_matrix *w, int64_t m, int amx_tiles)
+{
+#if defined(__AVX512BF16__)
+    return w->format == KT_BF16 && m >= KT_BF16_GEMM_MIN_TOKENS && w->cols % 32 == 0 &&
+           !uses_amx(w, m, amx_tiles);
+#else
+    (void)w;
+    (void)m;
+    (void)amx_tiles;
+    return 0;
+#endif
+}
+
 /* The GEMM serves the exact path (float activations) from KT_GEMM_MIN_TOKENS on.
  * Not the int8 path: on a 2-core Zen 3 its integer tiles ran an MoE layer's
  * prefill (32 tokens per expert) ~20% faster than dequantize-then-GEMM. */
@@ -178,6 +193,8 @@ size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int32
         return int_acts_bytes(w, m, 2);
     if (quantized(w->format))
         return int_acts_bytes(w, m, 1) + amx_bytes(w, m, amx_tiles);
+    if (uses_pair_gemm(w, m, amx_tiles))     /* bf16 rows for a last short block (gemm_bf16.c), then the panels */
+        return ALIGN64((size_t)m * (size_t)w->cols * 2) + bf16_panel_bytes(w, m);
     if (uses_bf16_acts(w->format))
         return ALIGN64((size_t)m * (size_t)w->cols * 2) + amx_bytes(w, m, amx_tiles);
     return 0;
@@ -319,9 +336,9 @@ static void to_bf16(uint16_t *dst, const float *x, int64_t n)
 
 /* BF16 panels: element (token t, column k) of block (tb, kc) sits at
  * [tb][kc][k/2 % 16][t % 16][k % 2] (see simd_amx.h); padding tokens are 0. */
-static void amx_fill_bf16(uint16_t *panel, const float *x, int64_t m, int64_t cols)
+static void fill_bf16_panels(uint16_t *panel, const float *x, int64_t m, int64_t cols)
 {
-#if defined(KT_AMX_BUILD)
+#if defined(__AVX512BF16__)
     /* a block is 16 tokens' 32 columns as bf16 pairs: a 16 x 16 transpose of dwords */
     int64_t n_tb = (m + 15) / 16, n_kc = cols / 32;
     for (int64_t tb = 0; tb < n_tb; tb++)
@@ -399,7 +416,7 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
         prepare_split(acts, x, m, w, scratch);
         if (tiles) {
             acts->amx_bf16 = (uint16_t *)((char *)scratch + (bytes - bf16_panel_bytes(w, m)));
-            amx_fill_bf16(acts->amx_bf16, x, m, w->cols);
+            fill_bf16_panels(acts->amx_bf16, x, m, w->cols);
         }
         return KT_OK;
     }
@@ -413,16 +430,21 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
         prepare_int(acts, x, m, w, scratch, 1);
         if (uses_amx(w, m, amx_tiles) && w->layout == KT_LAYOUT_ROW8) {
             acts->amx_bf16 = (uint16_t *)panels;
-            amx_fill_bf16(acts->amx_bf16, x, m, w->cols);
+            fill_bf16_panels(acts->amx_bf16, x, m, w->cols);
         } else if (uses_amx(w, m, amx_tiles)) {
             amx_fill_i8(acts, panels, m, w->cols, w->group);
         }
+    } else if (uses_pair_gemm(w, m, amx_tiles)) {
+        acts->bf16 = scratch;
+        to_bf16(acts->bf16, x, m * w->cols);
+        acts->bf16_pairs = (uint16_t *)((char *)scratch + ALIGN64((size_t)m * (size_t)w->cols * 2));
+        fill_bf16_panels(acts->bf16_pairs, x, m, w->cols);
     } else if (uses_bf16_acts(w->format)) {
         acts->bf16 = scratch;
         to_bf16(acts->bf16, x, m * w->cols);
         if (uses_amx(w, m, amx_tiles)) {
             acts->amx_bf16 = (uint16_t *)panels;
-            amx_fill_bf16(acts->amx_bf16, x, m, w->cols);
+            fill_bf16_panels(acts->amx_bf16, x, m, w->cols);
         }
     }
     return KT_OK;

@@ -118,6 +118,10 @@ typedef struct kt_acts {
     int8_t *amx_q;         /* I8:   [m16/16][cols/32][8][16][4] */
     float *amx_gsum;       /* I8:   [m16/16][cols/group][16] q_group_sum, transposed */
     float *amx_scale;      /* I8:   [m16/16][cols/32][16] q_scale, transposed */
+    /* BF16 weights on AVX512-BF16 builds, m >= KT_BF16_GEMM_MIN_TOKENS, cols % 32 == 0 and
+     * no AMX panels: the same panels as amx_bf16, for the pair GEMM (gemm_bf16.c), beside
+     * the bf16 rows */
+    uint16_t *bf16_pairs;
 } kt_acts;
 
 /* Token counts from which kt_acts_prepare lays out AMX panels (amx variant). BF16: one
@@ -134,6 +138,8 @@ typedef struct kt_acts {
  * 1.46-1.71x at T=2048. */
 #define KT_AMX_MIN_TOKENS_ROW8 24
 #define KT_AMX_MIN_TOKENS_ROW8_I8 64
+/* Token count from which BF16 weights take the pair GEMM (gemm_bf16.c) on AVX512-BF16 builds */
+#define KT_BF16_GEMM_MIN_TOKENS 16
 
 /* The exact path's prefill GEMM (gemm.c): builds with AVX2 and FMA, from
  * KT_GEMM_MIN_TOKENS tokens. KT_GEMM_TOKENS = its token tile. */
@@ -172,6 +178,11 @@ void kt_quantize_blocks_i8(int8_t *q, float *scale, const float *x, int64_t n);
  * allocated (nothing written); KT_EUNSUPPORTED on builds without the GEMM. */
 int kt_gemm_rows(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
                  const kt_acts *acts);
+
+/* Rows [r0, r1) of a BF16 W against acts->bf16_pairs: the same contract as
+ * kt_matrix_rows_f32 (a no-op on builds without AVX512-BF16, which never set them). */
+void kt_bf16_gemm_rows(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                       const kt_acts *acts);
 
 /* ---- where a row's codes lie (kt.h, enum kt_layout) ------------------------------
  * A row is read through its start and chunk stride: byte b of the row is at

@@ -289,6 +289,10 @@ void kt_matrix_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0,
         rows_by_blocks(out, ldo, w, r0, r0, r1, &exact);
         return;
     }
+    if (acts->bf16_pairs) {
+        kt_bf16_gemm_rows(out, ldo, w, r0, r1, acts);
+        return;
+    }
     int64_t from = r0;
 #if defined(KT_HAVE_AMX)
     /* full 16-row blocks on the AMX tiles when the tokens were laid out for them */
@@ -323,7 +327,7 @@ static void linear_task(void *ctx, int64_t task, int thread)
  * little, but each worth at least MIN_TASK_BYTES of weight-times-token work, so
  * claiming a task (one atomic on a shared line) stays cheap beside it; a
  * multiple of 12 rows: whole row tiles of the integer kernels (4) and of the
- * GEMM (6 or 12); of 24 for ROW8, whose row groups are 8, and of 48 where its
+ * GEMM (6 or 12); of 24 for the BF16 pair GEMM (8) and ROW8, whose row groups are 8, and of 48 where its
  * 16-row form runs (I8, and INT4 from 3 tokens: simd_row8_pair.h), whose row
  * groups go in pairs, or where the AMX tiles (16 rows) take the rows. */
 static int64_t rows_per_task(const kt_matrix *w, const kt_acts *acts, int64_t m, int threads)
@@ -333,7 +337,8 @@ static int64_t rows_per_task(const kt_matrix *w, const kt_acts *acts, int64_t m,
     int64_t least = (MIN_TASK_BYTES + work - 1) / work;
     int64_t rows = balanced > least ? balanced : least;
     int amx = acts->amx_q || acts->amx_bf16;
-    int64_t unit = amx ? 48 : w->layout != KT_LAYOUT_ROW8 ? 12 : w->format == KT_I8 || m >= 3 ? 48 : 24;
+    int64_t unit = amx ? 48 : acts->bf16_pairs ? 24 : w->layout != KT_LAYOUT_ROW8 ? 12
+                 : w->format == KT_I8 || m >= 3 ? 48 : 24;
     return (rows + unit - 1) / unit * unit;
 }
 

@@ -108,6 +108,23 @@ def test_float_formats(ops, variant, fmt, rows, cols, m):
     assert rel_err(out, x, w.dequantize()) < bound
 
 
+@pytest.mark.parametrize("m", [4, 15, 16, 17, 32, 33, 47, 70])
+@pytest.mark.parametrize("rows, cols", [(45, 256), (8, 64), (3, 96), (29, 80)])
+def test_bf16_weights_meet_bf16_rounded_tokens(ops, variant, rows, cols, m):
+    """Where the variant rounds activations to bf16 (avx512_bf16, amx), against x rounded so
+    (nearest even): the products are exact and only f32 accumulation remains. The row tiles
+    run below 16 tokens, the pair GEMM (gemm_bf16.c) from 16 with cols % 32 == 0, across its
+    8-row and 16/32-token tiles; cols 80 keeps the row tiles and their f32 tail. Other
+    variants take x as it is."""
+    w = QMatrix(Format.BF16, rows, cols, _randn(rows, cols, seed=rows * cols).to(torch.bfloat16))
+    x = _randn(m, cols, seed=m + cols)
+    ref, bound = x, 1e-5
+    if variant in BF16_ACT_VARIANTS:
+        ref, bound = bf16_round(x), 1e-6
+        ref[:, cols // 32 * 32:] = x[:, cols // 32 * 32:].double()
+    assert rel_err(ops.linear(x, w), ref, w.dequantize()) < bound
+
+
 @pytest.mark.parametrize("m", TOKENS)
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 @pytest.mark.parametrize("fmt, rows, cols, group", QUANT_CASES)
