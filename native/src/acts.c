@@ -52,15 +52,8 @@ static int uses_amx(const kt_matrix *w, int64_t m, int amx_tiles)
  * GEMM (gemm_bf16.c) on bf16 panels instead of the row tiles on bf16 rows */
 static int uses_pair_gemm(const kt_matrix *w, int64_t m, int amx_tiles)
 {
-#if defined(__AVX512BF16__)
-    return w->format == KT_BF16 && m >= KT_BF16_GEMM_MIN_TOKENS && w->cols % 32 == 0 &&
+    return uses_bf16_acts(w->format) && m >= KT_BF16_GEMM_MIN_TOKENS && w->cols % 32 == 0 &&
            !uses_amx(w, m, amx_tiles);
-#else
-    (void)w;
-    (void)m;
-    (void)amx_tiles;
-    return 0;
-#endif
 }
 
 /* The GEMM serves the exact path (float activations) from KT_GEMM_MIN_TOKENS on.
