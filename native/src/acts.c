@@ -186,10 +186,9 @@ size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int32
         return int_acts_bytes(w, m, 2);
     if (quantized(w->format))
         return int_acts_bytes(w, m, 1) + amx_bytes(w, m, amx_tiles);
-    if (uses_pair_gemm(w, m, amx_tiles))     /* bf16 rows for a last short block (gemm_bf16.c), then the panels */
-        return ALIGN64((size_t)m * (size_t)w->cols * 2) + bf16_panel_bytes(w, m);
-    if (uses_bf16_acts(w->format))
-        return ALIGN64((size_t)m * (size_t)w->cols * 2) + amx_bytes(w, m, amx_tiles);
+    if (uses_bf16_acts(w->format))     /* bf16 rows, then the pair GEMM's or the AMX tiles' panels */
+        return ALIGN64((size_t)m * (size_t)w->cols * 2) +
+               (uses_pair_gemm(w, m, amx_tiles) ? bf16_panel_bytes(w, m) : amx_bytes(w, m, amx_tiles));
     return 0;
 }
 
@@ -427,15 +426,13 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
         } else if (uses_amx(w, m, amx_tiles)) {
             amx_fill_i8(acts, panels, m, w->cols, w->group);
         }
-    } else if (uses_pair_gemm(w, m, amx_tiles)) {
-        acts->bf16 = scratch;
-        to_bf16(acts->bf16, x, m * w->cols);
-        acts->bf16_pairs = (uint16_t *)((char *)scratch + ALIGN64((size_t)m * (size_t)w->cols * 2));
-        fill_bf16_panels(acts->bf16_pairs, x, m, w->cols);
     } else if (uses_bf16_acts(w->format)) {
         acts->bf16 = scratch;
         to_bf16(acts->bf16, x, m * w->cols);
-        if (uses_amx(w, m, amx_tiles)) {
+        if (uses_pair_gemm(w, m, amx_tiles)) {     /* the rows serve a last short block (gemm_bf16.c) */
+            acts->bf16_pairs = (uint16_t *)((char *)scratch + ALIGN64((size_t)m * (size_t)w->cols * 2));
+            fill_bf16_panels(acts->bf16_pairs, x, m, w->cols);
+        } else if (uses_amx(w, m, amx_tiles)) {
             acts->amx_bf16 = (uint16_t *)panels;
             fill_bf16_panels(acts->amx_bf16, x, m, w->cols);
         }
