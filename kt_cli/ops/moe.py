@@ -36,7 +36,6 @@ class MoEShape:
     n_experts: int
     hidden: int
     inter: int
-    format: Format
 
 
 def _validate(gate: list[QMatrix], up: list[QMatrix], down: list[QMatrix]) -> MoEShape:
@@ -44,17 +43,16 @@ def _validate(gate: list[QMatrix], up: list[QMatrix], down: list[QMatrix]) -> Mo
     _check(len(gate) == len(up) == len(down),
            f"gate/up/down experts differ in count: {len(gate)}, {len(up)}, {len(down)}")
     inter, hidden = gate[0].rows, gate[0].cols
-    fmt = gate[0].format
-    for what, mats, shape in (("gate", gate, (inter, hidden)), ("up", up, (inter, hidden)),
-                              ("down", down, (hidden, inter))):
+    for what, mats, shape, first in (("gate", gate, (inter, hidden), gate[0]), ("up", up, (inter, hidden), gate[0]),
+                                     ("down", down, (hidden, inter), down[0])):
         for e, m in enumerate(mats):
             _check(isinstance(m, QMatrix), f"{what}[{e}] is not a QMatrix")
             _check((m.rows, m.cols) == shape, f"{what}[{e}] has shape {(m.rows, m.cols)}, expected {shape}")
-            _check(m.format == fmt, f"{what}[{e}] has format {m.format.name}, expected {fmt.name} "
-                                    "(all experts share one format)")
+            _check(m.format == first.format, f"{what}[{e}] has format {m.format.name}, expected {first.format.name} "
+                                             "(gate and up share one format, down one of its own)")
     for e, (g, u) in enumerate(zip(gate, up)):
         _check(g.group == u.group, f"gate[{e}] and up[{e}] differ in group: {g.group} vs {u.group}")
-    return MoEShape(len(gate), hidden, inter, fmt)
+    return MoEShape(len(gate), hidden, inter)
 
 
 def _matrix_array(ffi, mats: list[QMatrix], what: str):
@@ -143,11 +141,14 @@ class MoEExperts:
         return self._pool
 
     @property
-    def float_acts_from(self) -> int | None:
-        """The unit size (tokens of one expert, at most 128 a unit) from which these experts meet
-        float32 activations in the GEMM instead of int8 ones, or None: I8 with groups of at most 32
-        on the avx2 variant (native/src/acts.c kt_acts_expert_kind)"""
-        m = self.weights[0][0]
+    def float_acts_from(self) -> tuple[int | None, int | None]:
+        """For (gate and up, down), which may differ in format: the unit size (tokens of one expert,
+        at most 128 a unit) from which they meet float32 activations in the GEMM instead of int8
+        ones, or None: I8 with groups of at most 32 on the avx2 variant (native/src/acts.c
+        kt_acts_expert_kind)"""
+        return self._float_acts_from(self.weights[0][0]), self._float_acts_from(self.weights[-1][0])
+
+    def _float_acts_from(self, m: QMatrix) -> int | None:
         if self._pool.kernels.variant != "avx2" or m.format != Format.I8 or m.group > 32 or m.row8:
             return None
         return GEMM_MIN_TOKENS

@@ -12,6 +12,7 @@ reported and bounded loosely for the same reason."""
 import json
 
 import gguf
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -38,6 +39,7 @@ BOUNDS = {
     "int8": (0.96, 0.75, 0.7),                           # qwen3 0.994/0.925/0.88, deepseek 0.986/0.840/0.88
     "gguf-q8_0": (0.95, 0.7, 0.65),                      # qwen3 0.993/0.919/0.77, deepseek 0.969/0.810/0.82
     "int4": (0.7, 0.5, 0.15),                            # qwen3 0.953/0.864/0.35, deepseek 0.819/0.680/0.24
+    "gguf-k-quants": (0.9995, 0.998, 0.8),               # qwen3_moe_256: 0.999969 / 0.999889 / 0.94
 }
 
 
@@ -99,6 +101,64 @@ def test_gguf_logits_through_kts_gguf_reader(kind, gguf_type, tmp_path, tmp_path
     src, ref = tiny(kind, tmp_path_factory)
     convert(ConvertOptions(str(src), tmp_path / "m.gguf", "gguf", gguf_type=gguf_type))
     check(logits(tmp_path / "m.gguf"), ref, f"gguf-{gguf_type}", kind)
+
+
+def random_k_quant(qtype, shape: tuple, rng: np.random.Generator) -> np.ndarray:
+    """Valid K-quant bytes [*shape[:-1], row bytes] for weights of `shape`: random codes and sub-block
+    scales; the f16 super-block scales small enough to keep a random model's activations tame"""
+    block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    rows = int(np.prod(shape[:-1]))
+    blocks = rng.integers(0, 256, size=(rows, shape[-1] // block_weights, block_bytes), dtype=np.uint8)
+    halves = rng.uniform(2e-5, 2e-4, size=(rows, shape[-1] // block_weights, 2)).astype(np.float16)
+    if qtype == gguf.GGMLQuantizationType.Q6_K:
+        blocks[..., 208:210] = halves[..., :1].view(np.uint8)
+    else:
+        blocks[..., 0:4] = halves.view(np.uint8).reshape(rows, -1, 4)
+    return blocks.reshape(*shape[:-1], -1)
+
+
+def rewrite_gguf(src, dst, tensor_of) -> None:
+    """dst: src's metadata, and each tensor t of src as tensor_of(t) -> (numpy array, raw type or None)"""
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        array = field.types[0] == gguf.GGUFValueType.ARRAY
+        writer.add_key_value(name, field.contents(), field.types[0], field.types[-1] if array else None)
+    for t in reader.tensors:
+        data, qtype = tensor_of(t)
+        writer.add_tensor(t.name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_q4_k_m_experts_with_q6_k_down(tmp_path):
+    """Q4_K_M's MoE layers: gate and up in Q4_K, down in Q6_K (llama.cpp keeps some layers' down
+    projections so). Its logits against the same weights dequantized by gguf's own numpy code and
+    stored as F32: only the kernels' int8 activations differ."""
+    Q = gguf.GGMLQuantizationType
+    src = build_tiny("qwen3_moe_256", tmp_path / "src", seed=11)
+    convert(ConvertOptions(str(src), tmp_path / "f32.gguf", "gguf", gguf_type="f32"))
+    rng, blocks = np.random.default_rng(5), {}
+
+    def k_quants(t):
+        qtype = Q.Q6_K if "ffn_down_exps" in t.name else Q.Q4_K if "_exps" in t.name else None
+        if qtype is None:
+            return np.array(t.data), None
+        blocks[t.name] = random_k_quant(qtype, tuple(t.data.shape), rng), qtype
+        return blocks[t.name]
+
+    rewrite_gguf(tmp_path / "f32.gguf", tmp_path / "q4_k_m.gguf", k_quants)
+    assert {qtype for _, qtype in blocks.values()} == {Q.Q4_K, Q.Q6_K}
+
+    def dequantized(t):
+        return (gguf.quants.dequantize(*blocks[t.name]) if t.name in blocks else np.array(t.data)), None
+
+    rewrite_gguf(tmp_path / "f32.gguf", tmp_path / "dequantized.gguf", dequantized)
+    check(logits(tmp_path / "q4_k_m.gguf"), logits(tmp_path / "dequantized.gguf"), "gguf-k-quants", "qwen3_moe")
 
 
 def test_gguf_llama_permutes_q_k_and_writes_rope_freqs(tmp_path):

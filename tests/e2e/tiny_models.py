@@ -36,6 +36,10 @@ TINY_CONFIGS: dict[str, tuple[str, dict]] = {
     "qwen3_moe": ("Qwen3MoeConfig", dict(_COMMON, intermediate_size=96, moe_intermediate_size=32,
                                          num_key_value_heads=2, head_dim=24, num_experts=16,
                                          num_experts_per_tok=4, norm_topk_prob=True)),
+    # wide enough for GGUF's K-quants (256 weights a block along every expert row)
+    "qwen3_moe_256": ("Qwen3MoeConfig", dict(_COMMON, hidden_size=256, intermediate_size=256,
+                                             moe_intermediate_size=256, num_key_value_heads=2, head_dim=32,
+                                             num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)),
     "qwen3_moe_dense1": ("Qwen3MoeConfig", dict(_COMMON, intermediate_size=96, moe_intermediate_size=32,
                                                 num_key_value_heads=2, head_dim=24, num_experts=16,
                                                 num_experts_per_tok=4, mlp_only_layers=[1])),

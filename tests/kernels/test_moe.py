@@ -51,7 +51,12 @@ FORMATS = {
     "i4_g64_asym": (Format.I4, 64, False),
     "i4_g128_sym": (Format.I4, 128, True),
     "i4_g128_asym": (Format.I4, 128, False),
+    "i8_g16": (Format.I8, 16, True),
 }
+# gate and up in one format, down in another, as GGUF files mix them: a layer "a/b" has gate
+# and up in format a and down in format b. llama.cpp's Q4_K_M keeps gate and up in Q4_K (kt I4
+# g32 with mins) and the down projection of some layers in Q6_K (I8 g16)
+MIXED = ["i4_g32_asym/i8_g16", "i4_g32_sym/i8_g32", "i8_g32/i4_g128_asym"]
 SOME_FORMATS = ["f32", "bf16", "i8_g32", "i4_g32_asym"]
 _FLOAT_DTYPES = {Format.F32: torch.float32, Format.F16: torch.float16, Format.BF16: torch.bfloat16}
 
@@ -84,10 +89,18 @@ def make_matrix(name: str, rows: int, cols: int, gen: torch.Generator) -> QMatri
     return quantize_reference(w, fmt, group or cols, symmetric)
 
 
+def projection_formats(name: str) -> tuple[str, str, str]:
+    """The format names of gate, up and down in layer `name` (one name, or "gate_up/down")"""
+    gate_up, _, down = name.partition("/")
+    return gate_up, gate_up, down or gate_up
+
+
 @lru_cache(maxsize=None)
 def experts(name: str) -> tuple[list, list, list]:
     gen = torch.Generator().manual_seed(1234)
-    return tuple([make_matrix(name, *shape, gen) for _ in range(E)] for shape in ((I, H), (I, H), (H, I)))
+    shapes = ((I, H), (I, H), (H, I))
+    return tuple([make_matrix(fmt, *shape, gen) for _ in range(E)]
+                 for fmt, shape in zip(projection_formats(name), shapes))
 
 
 @lru_cache(maxsize=None)
@@ -127,22 +140,31 @@ def on_tiles(name: str) -> tuple[list, list, list]:
     return tuple([tile_weights(m) for m in mats] for mats in experts(name))
 
 
+def unit_operands(name: str, e: int, n: int, which: int, int8_acts: bool, tiles_from, float_from):
+    """(activation rounding, weight) with which a unit of n tokens meets projection `which`
+    (0 gate, 1 up, 2 down) of expert e; tiles_from and float_from are (gate and up, down)"""
+    part = 0 if which < 2 else 1
+    if tiles_from[part] is not None and n >= tiles_from[part]:
+        return bf16_round, on_tiles(name)[which][e]
+    exact = not int8_acts or (float_from[part] is not None and n >= float_from[part])
+    return (lambda v: v) if exact else int8_blocks, dequantized(name)[which][e]
+
+
 def moe_reference(name, x, ids, weights, activation="silu", limit=0.0, alpha=1.0, int8_acts=False,
-                  tiles_from=None, float_from=None):
+                  tiles_from=(None, None), float_from=(None, None)):
     """int8_acts: x and the intermediate in int8 blocks, as the kernels quantize them; with
     tiles_from too, units of at least that many tokens in bf16 against the tiles' bf16 weights;
-    with float_from, units of at least that many tokens exact (float32 activations)."""
+    with float_from, units of at least that many tokens exact (float32 activations). Both are
+    pairs: (gate and up, down), which may differ in format."""
     out = torch.zeros(x.shape[0], H, dtype=torch.float64)
     for e in range(E):
         tok, slot = (ids == e).nonzero(as_tuple=True)      # (t, k) order: the kernel's units
         for u in range(0, tok.numel(), UNIT_TOKENS):
             t, s = tok[u:u + UNIT_TOKENS], slot[u:u + UNIT_TOKENS]
-            bf16 = tiles_from is not None and t.numel() >= tiles_from
-            exact = not int8_acts or (float_from is not None and t.numel() >= float_from)
-            acts = bf16_round if bf16 else (lambda v: v) if exact else int8_blocks
-            gate, up, down = (m[e] for m in (on_tiles(name) if bf16 else dequantized(name)))
+            (acts, gate), (_, up), (down_acts, down) = (
+                unit_operands(name, e, t.numel(), which, int8_acts, tiles_from, float_from) for which in range(3))
             xs = acts(x[t].double())
-            h = acts(activation_ref(xs @ gate.T, xs @ up.T, activation, limit, alpha))
+            h = down_acts(activation_ref(xs @ gate.T, xs @ up.T, activation, limit, alpha))
             out.index_add_(0, t, (h @ down.T) * weights[t, s, None].double())
     return out
 
@@ -151,16 +173,19 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def tiles_from(moe: MoEExperts) -> int | None:
-    """The unit size from which the layer's ROW8 experts go to the BF16 tiles (AMX tiles on), or None"""
-    mats = [m for group in moe.weights for m in group]
-    if not (moe.pool.amx_tiles and all(m.row8 for m in mats)):
-        return None
-    return AMX_ROW8_MIN_TOKENS[mats[0].format]
+def tiles_from(moe: MoEExperts) -> tuple[int | None, int | None]:
+    """For (gate and up, down): the unit size from which the layer's ROW8 experts go to the BF16
+    tiles (AMX tiles on), or None"""
+    def one(mats: list) -> int | None:
+        if not (moe.pool.amx_tiles and all(m.row8 for m in mats)):
+            return None
+        return AMX_ROW8_MIN_TOKENS[mats[0].format]
+    return one([m for group in moe.weights[:-1] for m in group]), one(moe.weights[-1])
 
 
 def assert_close(out, moe: MoEExperts, name: str, x, ids, weights, **act) -> None:
-    fmt, variant = FORMATS[name][0], moe.pool.kernels.variant
+    fmts, variant = {FORMATS[f][0] for f in projection_formats(name)}, moe.pool.kernels.variant
+    fmt = fmts.pop() if len(fmts) == 1 else Format.I8       # MIXED layers are integer ones
     exact = rel_err(out, moe_reference(name, x, ids, weights, **act))
     if fmt in (Format.I8, Format.I4):
         assert exact < 2e-2
@@ -190,6 +215,18 @@ def test_matches_reference(variant, name, T):
     out = moe.forward(x, ids, weights)
     assert out.shape == (T, H) and out.dtype == torch.float32
     assert_close(out, moe, name, x, ids, weights)
+
+
+@pytest.mark.parametrize("T", [1, 3, 8, 37, 130])
+@pytest.mark.parametrize("name", MIXED)
+def test_down_in_its_own_format_matches_reference(variant, name, T):
+    """GGUF files keep the down projection in another format than gate and up (Q4_K_M: Q4_K and
+    Q6_K); each projection computes on its own format and activations"""
+    moe = layer(name, variant.ops)
+    assert moe.weights[0][0].format != moe.weights[-1][0].format
+    x = tokens(T)
+    ids, weights = routing(T, seed=T + 2)
+    assert_close(moe.forward(x, ids, weights), moe, name, x, ids, weights)
 
 
 @pytest.mark.parametrize("T", [1, 37])
@@ -344,6 +381,8 @@ def test_bad_layers_are_refused(variant):
         MoEExperts(gate, up, gate, ops=variant.ops)
     with pytest.raises(KtError, match="format"):
         MoEExperts(gate, experts("i4_g32_sym")[1], down, ops=variant.ops)
+    with pytest.raises(KtError, match="format"):      # down may differ from gate and up, not within itself
+        MoEExperts(gate, up, [experts("i4_g32_sym")[2][0], *down[1:]], ops=variant.ops)
     with pytest.raises(KtError, match="activation"):
         MoEExperts(gate, up, down, activation="gelu", ops=variant.ops)
     with pytest.raises(KtError, match="clamp_limit"):
