@@ -12,8 +12,9 @@ runs as a second call (kt_cli.layers.decode_moe); other MLPs stay modules.
 
 The layer's shapes and weight descriptors are checked once, when the plan is built
 (C checks them again on every call); the step's contexts once per step; the hidden
-states on every call. Layers a plan does not cover (MLA, GPU or non-float32 models) keep
-the module path: plan_for() returns None for them; a dense MLP with biases runs as modules."""
+states on every call. q, k and v that could not be fused (formats that differ, as Q4_K_M's
+Q6_K v) go as three matrices. Layers a plan does not cover (MLA, GPU or non-float32 models)
+keep the module path: plan_for() returns None for them; a dense MLP with biases runs as modules."""
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +85,7 @@ def plan_for(layer, workspace: DecodeWorkspace) -> "DecodePlan | None":
         return None
     if attn.qk_norm is not None and not _norm_ok(attn.qk_norm):
         return None
-    if not (attn.qkv.fused and _linear_ok(attn.qkv.linears[0], biased=True)
+    if not (all(_linear_ok(linear, biased=True) for linear in attn.qkv.linears)
             and _linear_ok(attn.o_proj, biased=True) and rope_dim_ok(attn.head_dim)):
         return None
     dense = (isinstance(mlp, GatedMLP) and mlp.act is F.silu and mlp.gate_up.fused
@@ -113,13 +114,20 @@ def _layer_acts(layer, dense: bool) -> str:
     """A kt_decode_layer gives all its projections one kind of activations: the most precise
     any of them takes (f32 > int16 > int8; Q4_K_M files keep some v and down projections in
     Q6_K, an I8 format). The modules are set to the same, so both paths compute the same."""
-    linears = [layer.attn.qkv.linears[0], layer.attn.o_proj]
+    linears = [*layer.attn.qkv.linears, layer.attn.o_proj]
     if dense:
         linears += [layer.mlp.gate_up.linears[0], layer.mlp.down]
     acts = max((linear.decode_acts for linear in linears), key=ACTS_PRECISION.index)
     for linear in linears:
         linear.decode_acts = acts
     return acts
+
+
+def _joined_bias(linears: list) -> torch.Tensor | None:
+    """The q, k and v biases side by side (zeros for a part without one), or None without any"""
+    if all(linear.bias is None for linear in linears):
+        return None
+    return torch.cat([linear.bias if linear.bias is not None else torch.zeros(linear.rows) for linear in linears])
 
 
 class DecodePlan:
@@ -147,10 +155,15 @@ class DecodePlan:
         if attn.qk_norm is not None:
             d.qk_norm, d.qk_eps = ffi.cast("const float *", attn.qk_norm.weight.data_ptr()), attn.qk_norm.eps
         d.scale, d.interleaved = attn.scale, int(attn.rotary.spec.interleaved)
-        d.qkv, d.o_proj = attn.qkv.linears[0].kernel.desc, attn.o_proj.kernel.desc
-        for field, linear in (("qkv_bias", attn.qkv.linears[0]), ("o_bias", attn.o_proj)):
-            if linear.bias is not None:
-                setattr(d, field, ffi.cast("const float *", linear.bias.data_ptr()))
+        d.o_proj = attn.o_proj.kernel.desc
+        if attn.qkv.fused:
+            d.qkv = attn.qkv.linears[0].kernel.desc
+        else:       # q, k and v in different formats (Q4_K_M's Q6_K v): three matrices
+            d.q_proj, d.k_proj, d.v_proj = (linear.kernel.desc for linear in attn.qkv.linears)
+        self.qkv_bias = _joined_bias(attn.qkv.linears)
+        for field, bias in (("qkv_bias", self.qkv_bias), ("o_bias", attn.o_proj.bias)):
+            if bias is not None:
+                setattr(d, field, ffi.cast("const float *", bias.data_ptr()))
         if dense:
             d.gate_up, d.down = mlp.gate_up.linears[0].kernel.desc, mlp.down.kernel.desc
         if self.lib.kt_decode_scratch_floats(d, 1) < 0:

@@ -240,7 +240,9 @@ int kt_attention_decode_f32(kt_pool *pool, float *out, const float *q, int64_t n
 
 /* ---- one decoder layer of a decode step ------------------------------------------
  * A plain GQA layer on n decode rows (one new token each), float32, in one call:
- *   x = rmsnorm(h_in, in_norm, eps); qkv = x @ qkv^T (+ qkv_bias)  (q, k, v heads)
+ *   x = rmsnorm(h_in, in_norm, eps); qkv = x @ qkv^T (+ qkv_bias)  (q, k, v heads;
+ *   with qkv NULL, the rows of x @ q_proj^T, x @ k_proj^T and x @ v_proj^T side by side:
+ *   GGUF files that keep v in another format, as Q4_K_M's Q6_K beside Q4_K q and k)
  *   optional per-head rmsnorm of the q and k heads (qk_norm [heads + kv_heads,
  *   head_dim], qk_eps); rope (cos, sin [n, head_dim] as kt_rope_f32, interleaved);
  *   k, v rows written to the caches at slot_mapping[i]; attention as
@@ -260,6 +262,7 @@ typedef struct kt_decode_layer {
     const kt_matrix *qkv, *o_proj, *gate_up, *down; /* gate_up, down: inter > 0 */
     int32_t interleaved, acts;
     const float *qkv_bias, *o_bias;                 /* [Q + 2K] and [hidden], or NULL: none */
+    const kt_matrix *q_proj, *k_proj, *v_proj;      /* qkv NULL only: [Q], [K], [K] rows of hidden */
 } kt_decode_layer;
 
 typedef struct kt_decode_step {

@@ -15,7 +15,8 @@
  *
  * Scratch (floats, kt_decode_scratch_floats): x [n, H], qkv [n, Q + 2K], q [n, Q],
  * attn [n, Q], o [n, H], gate_up [n, 2I], act [n, I], down [n, H] with Q = heads *
- * head_dim, K = kv_heads * head_dim. */
+ * head_dim, K = kv_heads * head_dim; with q, k and v apart also kv [n, 2K] (their k and
+ * v rows before they join q's in qkv; q's go to attn, unused until the attention). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <math.h>
@@ -24,7 +25,7 @@
 #include "simd_math.h"
 
 typedef struct scratch {
-    float *x, *qkv, *q, *attn, *o, *gate_up, *act, *down;
+    float *x, *qkv, *q, *attn, *o, *gate_up, *act, *down, *kv;
 } scratch;
 
 static int64_t q_width(const kt_decode_layer *L) { return (int64_t)L->heads * L->head_dim; }
@@ -36,7 +37,7 @@ int64_t kt_decode_scratch_floats(const kt_decode_layer *L, int64_t n)
     if (!L || n < 1 || L->hidden < 1 || L->heads < 1 || L->kv_heads < 1 || L->head_dim < 1 || L->inter < 0)
         return -1;
     int64_t per_row = 3 * (int64_t)L->hidden + qkv_width(L) + 2 * q_width(L) + 3 * (int64_t)L->inter;
-    return per_row * n;
+    return (per_row + (L->qkv ? 0 : 2 * kv_width(L))) * n;
 }
 
 static scratch carve(const kt_decode_layer *L, float *base, int64_t n)
@@ -50,6 +51,7 @@ static scratch carve(const kt_decode_layer *L, float *base, int64_t n)
     s.gate_up = s.o + n * L->hidden;
     s.act = s.gate_up + n * 2 * (int64_t)L->inter;
     s.down = s.act + n * (int64_t)L->inter;
+    s.kv = s.down + n * L->hidden;
     return s;
 }
 
@@ -68,7 +70,10 @@ static int layer_ok(const kt_decode_layer *L)
         return 0;
     if (L->acts != KT_ACTS_INT8 && L->acts != KT_ACTS_INT16 && L->acts != KT_ACTS_F32)
         return 0;
-    if (!matrix_is(L->qkv, qkv_width(L), L->hidden) || !matrix_is(L->o_proj, L->hidden, q_width(L)))
+    int qkv_ok = L->qkv ? matrix_is(L->qkv, qkv_width(L), L->hidden)
+                        : matrix_is(L->q_proj, q_width(L), L->hidden) && matrix_is(L->k_proj, kv_width(L), L->hidden)
+                              && matrix_is(L->v_proj, kv_width(L), L->hidden);
+    if (!qkv_ok || !matrix_is(L->o_proj, L->hidden, q_width(L)))
         return 0;
     if (L->inter == 0)
         return 1;
@@ -107,13 +112,33 @@ static void add_bias(float *y, const float *bias, int64_t n, int64_t cols)
             y[t * cols + k] += bias[k];
 }
 
+/* qkv = x @ qkv^T, or x's rows through q_proj, k_proj and v_proj joined row by row */
+static int project_qkv(kt_pool *pool, const kt_decode_layer *L, int64_t n, const scratch *b)
+{
+    if (L->qkv)
+        return kt_linear(pool, b->qkv, b->x, n, L->qkv, L->acts);
+    const int64_t Q = q_width(L), K = kv_width(L), row = qkv_width(L);
+    float *q = b->attn, *k = b->kv, *v = b->kv + n * K;
+    int rc = kt_linear(pool, q, b->x, n, L->q_proj, L->acts);
+    if (rc == KT_OK)
+        rc = kt_linear(pool, k, b->x, n, L->k_proj, L->acts);
+    if (rc == KT_OK)
+        rc = kt_linear(pool, v, b->x, n, L->v_proj, L->acts);
+    for (int64_t i = 0; rc == KT_OK && i < n; i++) {
+        memcpy(b->qkv + i * row, q + i * Q, (size_t)Q * sizeof(float));
+        memcpy(b->qkv + i * row + Q, k + i * K, (size_t)K * sizeof(float));
+        memcpy(b->qkv + i * row + Q + K, v + i * K, (size_t)K * sizeof(float));
+    }
+    return rc;
+}
+
 static int attention_half(kt_pool *pool, const kt_decode_layer *L, const kt_decode_step *s, const float *h_in,
                           float *h_out, float *k_cache, float *v_cache, int64_t cache_rows, const scratch *b)
 {
     int64_t n = s->n, H = L->hidden, Q = q_width(L), row = qkv_width(L);
     int rc = kt_rmsnorm_f32(b->x, h_in, L->in_norm, n, H, 1, L->eps);
     if (rc == KT_OK)
-        rc = kt_linear(pool, b->qkv, b->x, n, L->qkv, L->acts);
+        rc = project_qkv(pool, L, n, b);
     add_bias(b->qkv, L->qkv_bias, n, row);
     int32_t qk_heads = L->heads + L->kv_heads;
     for (int64_t i = 0; rc == KT_OK && L->qk_norm && i < n; i++)

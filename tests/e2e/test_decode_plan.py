@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kt_cli import ops
+from kt_cli.layers import fused
 from kt_cli.layers.attention import AttentionContext
 from kt_cli.layers.decode_moe import MoEDecodePlan
 from kt_cli.layers.decode_plan import DecodePlan
@@ -138,6 +139,36 @@ def test_dense_qwen3_layer_with_qk_norm_runs_whole(tmp_path):
     plans = [layer.decode_plan for layer in model.layers]
     assert [plan.dense for plan in plans] == [False, True]
     assert all(plan.desc.qk_norm != plan.ffi.NULL and plan.desc.inter == (96 if plan.dense else 0) for plan in plans)
+
+
+@pytest.mark.parametrize("path", ["stack", "layers"])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "qwen2_moe"])
+def test_q_k_v_apart_decode_like_transformers(kind, path, tmp_path, monkeypatch):
+    """q, k and v as three matrices (GGUF files keep v in another format than q and k where
+    they can't fuse, as Q4_K_M's Q6_K beside Q4_K): the native layer joins their rows, biases
+    included (Qwen2-MoE); the layer checks each part's shape"""
+    directory = build_tiny(kind, tmp_path / kind)
+    monkeypatch.setattr(fused, "can_concat_rows", lambda mats: False)
+    model, ref = build_model(open_checkpoint(directory), ModelOptions()), reference_model(directory)
+    plans = [layer.decode_plan for layer in model.layers]
+    assert all(not layer.attn.qkv.fused for layer in model.layers)
+    assert all(plan.desc.qkv == plan.ffi.NULL and plan.desc.v_proj != plan.ffi.NULL for plan in plans)
+    assert (model.decode_stack is not None) == (kind == "qwen3_moe")
+    if path == "layers":
+        monkeypatch.setattr(model, "decode_stack", None)
+    calls = count_calls(monkeypatch, DecodePlan)
+    assert_close(decode_pairs(model, ref, prompts((3, 9)), 3), f"{kind} decode with q, k and v apart")
+    assert calls[0] == (0 if model.decode_stack is not None else 3 * model.config.num_layers)
+    wrong = plans[0].ffi.new("kt_decode_layer *", plans[0].desc[0])
+    wrong.v_proj = wrong.q_proj                   # q's rows where v's belong
+    assert plans[0].lib.kt_decode_scratch_floats(wrong, 1) > 0
+    ctx, batch = decode_context(model)
+    step = plans[0].ws.step_for(ctx, 1, plans[0].head_dim, plans[0].ffi)
+    k, v = batch.kv.layers[0]
+    h, out, scratch = torch.zeros(1, plans[0].hidden), torch.empty(1, plans[0].hidden), torch.empty(1 << 16)
+    p = lambda t: plans[0].ffi.cast("float *", t.data_ptr())
+    assert plans[0].lib.kt_decode_layer_f32(ops.pool().handle, wrong, step, p(h), p(out), p(k), p(v), k.shape[0],
+                                            p(scratch), scratch.numel()) == plans[0].lib.KT_EINVAL
 
 
 @pytest.fixture(scope="module")
