@@ -17,7 +17,9 @@ An I4 or I8 matrix may instead be `row8` (kt.h, KT_LAYOUT_ROW8): every 8 rows' b
 interleaved 4 at a time, and their scales (and mins) per group, so one load holds the
 same columns of 8 rows (`to_row8`, `from_row8`). Its scale and min are
 float16 instead when every value of both is exactly a half (GGUF's Q4_0 and Q4_1 store
-theirs so): decode then streams 10-17% fewer bytes for the same weights.
+theirs so): decode then streams 10-17% fewer bytes for the same weights; else uint8 subs
+with float16 `scale_base`/`min_base` per 8 groups where they factor so (weights/k_scales.py:
+GGUF's Q4_K and Q5_K), 23% fewer for Q4_K.
 """
 
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from enum import IntEnum
 
 import torch
 
+from . import k_scales
 from .errors import WeightsError
 
 LAYOUT_TAG = "kt-q1"
@@ -65,6 +68,8 @@ class QMatrix:
     min: torch.Tensor | None = None
     tiled: bool = False
     row8: bool = False
+    scale_base: torch.Tensor | None = None      # two-level scales (row8): float16 [rows, n_groups / 8]
+    min_base: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.format = Format(self.format)
@@ -91,7 +96,7 @@ class QMatrix:
 
     def tensors(self) -> list[torch.Tensor]:
         """The tensors holding the matrix: codes (or values), then scale and min where present."""
-        return [t for t in (self.data, self.scale, self.min) if t is not None]
+        return [t for t in (self.data, self.scale, self.min, self.scale_base, self.min_base) if t is not None]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
@@ -125,6 +130,10 @@ class QMatrix:
         return ((q - 8.0) * s if self.format == Format.I4 else q * s).view(n, self.cols)
 
 
+# float32, and in the row8 layout kt.h KT_SCALE_F16 and KT_SCALE_K (uint8 subs with float16 bases)
+_ROW8_SCALE_DTYPES = (torch.float32, torch.float16, torch.uint8)
+
+
 def _validate_quantized(m: QMatrix) -> None:
     block = I4_BLOCK if m.format == Format.I4 else 16
     _check(m.group > 0 and m.group % block == 0, f"group {m.group} is not a multiple of {block}")
@@ -133,11 +142,20 @@ def _validate_quantized(m: QMatrix) -> None:
         _expect(m.data, torch.uint8, (m.rows, m.cols // 2), "data")
     else:
         _expect(m.data, torch.int8, (m.rows, m.cols), "data")
-    halves = m.row8 and m.scale is not None and m.scale.dtype == torch.float16     # kt.h KT_SCALE_F16
-    scale_dtype = torch.float16 if halves else torch.float32
+    scale_dtype = m.scale.dtype if m.row8 and m.scale is not None else torch.float32
+    _check(scale_dtype in _ROW8_SCALE_DTYPES, f"scale has dtype {scale_dtype}, expected one of {_ROW8_SCALE_DTYPES}")
     _expect(m.scale, scale_dtype, (m.rows, m.n_groups), "scale")
     if m.min is not None:
         _expect(m.min, scale_dtype, (m.rows, m.n_groups), "min")
+    if scale_dtype != torch.uint8:
+        _check(m.scale_base is None and m.min_base is None, "scale_base and min_base go with uint8 (two-level) scales")
+        return
+    _check(m.n_groups % k_scales.GROUPS == 0, f"{m.n_groups} groups are not a multiple of {k_scales.GROUPS}")
+    _expect(m.scale_base, torch.float16, (m.rows, m.n_groups // k_scales.GROUPS), "scale_base")
+    if m.min is not None:
+        _expect(m.min_base, torch.float16, (m.rows, m.n_groups // k_scales.GROUPS), "min_base")
+    else:
+        _check(m.min_base is None, "min_base without min")
 
 
 def _expect(t: torch.Tensor | None, dtype: torch.dtype, shape: tuple[int, int], what: str) -> None:
@@ -193,9 +211,17 @@ def to_row8(m: QMatrix) -> QMatrix:
     row_bytes = m.data.shape[1]
     words = _words(m.data).reshape(m.rows // ROW8_ROWS, ROW8_ROWS, row_bytes // 4)    # [G, r, i]
     data = words.transpose(1, 2).contiguous().view(m.data.dtype).reshape(m.rows, row_bytes)
-    dtype = torch.float16 if _exact_halves(m.scale, m.min) else torch.float32
-    return QMatrix(m.format, m.rows, m.cols, data, m.group, _groups_by_8(m.scale, dtype), _groups_by_8(m.min, dtype),
-                   row8=True)
+    if _exact_halves(m.scale, m.min):
+        return QMatrix(m.format, m.rows, m.cols, data, m.group, _groups_by_8(m.scale, torch.float16),
+                       _groups_by_8(m.min, torch.float16), row8=True)
+    scale, mins = k_scales.factor(m.scale), k_scales.factor(m.min)
+    if scale is not None and (m.min is None or mins is not None):
+        (sub, base), (min_sub, min_base) = scale, mins or (None, None)
+        return QMatrix(m.format, m.rows, m.cols, data, m.group, _groups_by_8(sub, torch.uint8),
+                       _groups_by_8(min_sub, torch.uint8), row8=True, scale_base=_groups_by_8(base, torch.float16),
+                       min_base=_groups_by_8(min_base, torch.float16))
+    return QMatrix(m.format, m.rows, m.cols, data, m.group, _groups_by_8(m.scale, torch.float32),
+                   _groups_by_8(m.min, torch.float32), row8=True)
 
 
 def from_row8(m: QMatrix) -> QMatrix:
@@ -204,16 +230,21 @@ def from_row8(m: QMatrix) -> QMatrix:
     row_bytes = m.data.shape[1]
     words = _words(m.data).reshape(m.rows // ROW8_ROWS, row_bytes // 4, ROW8_ROWS)    # [G, i, r]
     data = words.transpose(1, 2).contiguous().view(m.data.dtype).reshape(m.rows, row_bytes)
-    return QMatrix(m.format, m.rows, m.cols, data, m.group, _rows_by_8(_float32(m.scale)), _rows_by_8(_float32(m.min)))
+    return QMatrix(m.format, m.rows, m.cols, data, m.group, _row8_values(m.scale, m.scale_base),
+                   _row8_values(m.min, m.min_base))
+
+
+def _row8_values(t: torch.Tensor | None, base: torch.Tensor | None) -> torch.Tensor | None:
+    """A row8 scale (or min) back in row order as float32, two-level ones multiplied out"""
+    if t is None:
+        return None
+    values = _rows_by_8(t)
+    return values.float() if base is None else k_scales.expand(values, _rows_by_8(base))
 
 
 def _exact_halves(*tensors: torch.Tensor | None) -> bool:
     """Whether every value of the tensors converts to float16 and back unchanged"""
     return all(t is None or torch.equal(t.half().float(), t) for t in tensors)
-
-
-def _float32(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.float()
 
 
 def _words(codes: torch.Tensor) -> torch.Tensor:

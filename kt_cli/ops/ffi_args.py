@@ -15,6 +15,10 @@ STATUS_NAMES = {-1: "invalid sizes or format", -2: "out of memory",
                 -3: "busy: an asynchronous job is still running", -4: "unsupported"}
 
 
+# scale dtype -> kt.h kt_scale_type (float16 and uint8 only in the row8 layout: QMatrix.validate)
+SCALE_TYPES = {torch.float32: 0, torch.float16: 1, torch.uint8: 2}
+
+
 class OpError(KtError):
     pass
 
@@ -91,7 +95,8 @@ class _Identity:
 
 
 def _fingerprint(w: QMatrix) -> tuple:
-    return (w.format, w.group, w.rows, w.cols, w.tiled, w.row8, _Identity(w.data), _Identity(w.scale), _Identity(w.min))
+    return (w.format, w.group, w.rows, w.cols, w.tiled, w.row8,
+            *(_Identity(t) for t in (w.data, w.scale, w.min, w.scale_base, w.min_base)))
 
 
 def _new_descriptor(ffi, w: QMatrix, what: str):
@@ -99,7 +104,7 @@ def _new_descriptor(ffi, w: QMatrix, what: str):
         w.validate()
     except WeightsError as exc:
         raise OpError(f"{what}: {exc}") from None
-    for name in ("data", "scale", "min"):
+    for name in ("data", "scale", "min", "scale_base", "min_base"):
         t = getattr(w, name)
         check(t is None or t.device.type == "cpu", f"{what}.{name} is on {t.device if t is not None else ''}, expected cpu")
     desc = ffi.new("kt_matrix *")
@@ -108,7 +113,11 @@ def _new_descriptor(ffi, w: QMatrix, what: str):
     desc.scale = pointer(ffi, w.scale, "const float *") if w.scale is not None else ffi.NULL
     desc.min = pointer(ffi, w.min, "const float *") if w.min is not None else ffi.NULL
     desc.layout = 2 if w.row8 else 1 if w.tiled else 0     # kt.h KT_LAYOUT_ROW8 / TILES / ROWS
-    desc.scale_type = 1 if w.scale is not None and w.scale.dtype == torch.float16 else 0     # kt.h KT_SCALE_F16
+    desc.scale_type = SCALE_TYPES.get(w.scale.dtype, 0) if w.scale is not None else 0
+    for name in ("scale_base", "min_base"):
+        t = getattr(w, name)
+        if t is not None:
+            setattr(desc, name, pointer(ffi, t, "const uint16_t *"))
     return desc
 
 

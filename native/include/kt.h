@@ -97,13 +97,22 @@ typedef struct kt_matrix {
     const float *min;
     int32_t layout;         /* enum kt_layout; 0 (rows) when zero-initialized */
     int32_t scale_type;     /* enum kt_scale_type of scale and min; 0 (float32) when zero-initialized */
+    const uint16_t *scale_base, *min_base;     /* KT_SCALE_K only (min_base: where min is set) */
 } kt_matrix;
 
 /* KT_SCALE_F16: scale and min (both) hold IEEE half floats, cast to const float *;
  * ROW8 layout only. Decode streams 2 bytes less per group and row: 10% of an INT4
  * g32 matrix without mins, 17% with. Loaders pick it only where every value is
- * exactly a half (GGUF's Q4_0 and Q4_1 store theirs so), so results do not change. */
-enum kt_scale_type { KT_SCALE_F32 = 0, KT_SCALE_F16 = 1 };
+ * exactly a half (GGUF's Q4_0 and Q4_1 store theirs so), so results do not change.
+ * KT_SCALE_K: two levels, as GGUF's K-quants (Q4_K, Q5_K) store theirs; ROW8 layout only,
+ * n_groups % KT_SCALE_K_GROUPS == 0. scale (min alike) holds one uint8 per row and group,
+ * where KT_SCALE_F32 holds its float, and scale_base (min_base) one half per row and
+ * KT_SCALE_K_GROUPS groups, at [(r / 8) * n_groups + (g / KT_SCALE_K_GROUPS) * 8 + r % 8];
+ * the value is base * sub, which a float32 holds exactly (11 by 8 significant bits). A Q4_K
+ * matrix then streams 4.625 bits a weight instead of 6 with float32 scale and min; loaders
+ * pick it only where every value factors so exactly. */
+enum kt_scale_type { KT_SCALE_F32 = 0, KT_SCALE_F16 = 1, KT_SCALE_K = 2 };
+enum { KT_SCALE_K_GROUPS = 8 };
 
 /* How the codes of an I8/I4 matrix lie in `data` (scale and min are always row-major):
  *   KT_LAYOUT_ROWS   row r's bytes at data + r * row_bytes (the layout above)

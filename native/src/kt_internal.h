@@ -46,6 +46,20 @@ static inline float kt_f16_to_f32(uint16_t h)
 #endif
 }
 
+/* Entry i of a ROW8 matrix's scale (mins: its min), i = (r / 8) * 8 * n_groups + g * 8 + r % 8
+ * (kt.h KT_LAYOUT_ROW8), as a float, whatever its kt_scale_type */
+static inline float kt_row8_scale_at(const kt_matrix *w, int mins, int64_t i)
+{
+    const void *t = mins ? (const void *)w->min : (const void *)w->scale;
+    if (w->scale_type == KT_SCALE_F16)
+        return kt_f16_to_f32(((const uint16_t *)t)[i]);
+    if (w->scale_type != KT_SCALE_K)
+        return ((const float *)t)[i];
+    const int64_t ng = w->cols / w->group, G = i / (8 * ng), g = (i / 8) % ng;
+    const uint16_t *base = mins ? w->min_base : w->scale_base;
+    return kt_f16_to_f32(base[G * ng + (g / KT_SCALE_K_GROUPS) * 8 + i % 8]) * (float)((const uint8_t *)t)[i];
+}
+
 /* ---- thread pool jobs ----------------------------------------------------------
  * kt_pool_run calls fn(ctx, task, thread) once for every task in [0, n_tasks),
  * tasks handed out dynamically (atomic counter) across the pool's threads, the

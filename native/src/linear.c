@@ -48,7 +48,8 @@ int kt_matrix_check(const kt_matrix *w)
         return KT_EINVAL;
     if (w->layout != KT_LAYOUT_ROWS && w->layout != KT_LAYOUT_TILES && w->layout != KT_LAYOUT_ROW8)
         return KT_EINVAL;
-    if (w->scale_type != KT_SCALE_F32 && !(w->scale_type == KT_SCALE_F16 && w->layout == KT_LAYOUT_ROW8))
+    if (w->scale_type != KT_SCALE_F32 && !((w->scale_type == KT_SCALE_F16 || w->scale_type == KT_SCALE_K)
+                                           && w->layout == KT_LAYOUT_ROW8))
         return KT_EINVAL;
     if (!quantized(w->format))
         return w->layout == KT_LAYOUT_ROWS ? KT_OK : KT_EINVAL;
@@ -58,6 +59,9 @@ int kt_matrix_check(const kt_matrix *w)
     if (w->layout == KT_LAYOUT_TILES && (w->rows % KT_TILE_ROWS != 0 || kt_row_bytes(w) % KT_TILE_CHUNK != 0))
         return KT_EINVAL;
     if (w->layout == KT_LAYOUT_ROW8 && (w->rows % KT_ROW8_ROWS != 0 || w->cols % 64 != 0 || w->group % 32 != 0))
+        return KT_EINVAL;
+    if (w->scale_type == KT_SCALE_K && (!w->scale_base || !w->min != !w->min_base
+                                        || (w->cols / w->group) % KT_SCALE_K_GROUPS != 0))
         return KT_EINVAL;
     return KT_OK;
 }

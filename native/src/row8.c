@@ -10,12 +10,6 @@ enum { COPY_ROWS = 24 };    /* rows a fallback copy holds: whole 8-row groups, a
 
 static int64_t n_groups(const kt_matrix *w) { return w->cols / w->group; }
 
-/* Entry i of w's scale or min (t), float32 or half (kt.h KT_SCALE_F16) */
-static float scale_at(const kt_matrix *w, const float *t, int64_t i)
-{
-    return w->scale_type == KT_SCALE_F16 ? kt_f16_to_f32(((const uint16_t *)t)[i]) : t[i];
-}
-
 /* Rows [r0, r0 + n) of w (r0, n multiples of 8) into the row layout: codes
  * [n, row bytes], scale and (when w has one) min [n, n_groups]. Word i (bytes
  * 4i..4i+3) of row r sits at word i * 8 + r % 8 of its 8-row group (kt.h). */
@@ -29,9 +23,9 @@ static void copy_rows(uint8_t *codes, float *scale, float *min, const kt_matrix 
             memcpy(dst + i * 4, group + i * 32 + (r % KT_ROW8_ROWS) * 4, 4);
         const int64_t at = (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * ng + r % KT_ROW8_ROWS;
         for (int64_t g = 0; g < ng; g++) {
-            scale[(r - r0) * ng + g] = scale_at(w, w->scale, at + g * KT_ROW8_ROWS);
+            scale[(r - r0) * ng + g] = kt_row8_scale_at(w, 0, at + g * KT_ROW8_ROWS);
             if (min)
-                min[(r - r0) * ng + g] = scale_at(w, w->min, at + g * KT_ROW8_ROWS);
+                min[(r - r0) * ng + g] = kt_row8_scale_at(w, 1, at + g * KT_ROW8_ROWS);
         }
     }
 }
@@ -42,7 +36,7 @@ static float weight_at(const kt_matrix *w, int64_t r, int64_t k)
     const int64_t rb = kt_row_bytes(w), ng = n_groups(w);
     const uint8_t *group = (const uint8_t *)w->data + (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * rb;
     const int64_t at = (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * ng + (k / w->group) * KT_ROW8_ROWS + r % KT_ROW8_ROWS;
-    const float s = scale_at(w, w->scale, at), mn = w->min ? scale_at(w, w->min, at) : 0.0f;
+    const float s = kt_row8_scale_at(w, 0, at), mn = w->min ? kt_row8_scale_at(w, 1, at) : 0.0f;
     if (w->format == KT_I8) {
         const int8_t code = (int8_t)group[(k / 4) * 32 + (r % KT_ROW8_ROWS) * 4 + k % 4];
         return s * (float)code + mn;

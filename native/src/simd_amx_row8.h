@@ -30,12 +30,11 @@
 /* Weight group g of 8-row group gi: row r's values are s[r] * code + off[r] */
 static inline void row8_coeffs(const kt_matrix *w, int64_t gi, int64_t g, float s[8], float off[8])
 {
-    const int half = w->scale_type == KT_SCALE_F16;
-    const int64_t at = (gi * (w->cols / w->group) + g) * KT_ROW8_ROWS * (half ? 2 : 4);
-    const __m256 vs = load_scales8((const char *)w->scale + at, half);
+    const row8_at at = row8_weights_at(w, gi);
+    const __m256 vs = at_scales8(&at, g);
     __m256 voff = _mm256_setzero_ps();
     if (w->min)
-        voff = load_scales8((const char *)w->min + at, half);
+        voff = at_mins8(&at, g);
     else if (w->format == KT_I4)
         voff = _mm256_mul_ps(vs, _mm256_set1_ps(-8.0f));
     _mm256_storeu_ps(s, vs);

@@ -140,41 +140,65 @@ KT_INLINE void block_dots(__m256i dot[2], const __m256i low4, const uint8_t *blo
         dot[t] = block_dot_8rows(lo, hi, qb + t * cols);
 }
 
-/* The 8 rows' scales (or mins) of a group at p: halves (kt.h KT_SCALE_F16) or floats */
-KT_INLINE __m256 load_scales8(const char *p, int half)
+/* The 8 rows' scales (or mins) of group g, t and base pointing at their 8-row group's
+ * (kt.h kt_scale_type): floats, halves, or uint8 subs times the halves of their 8 groups */
+KT_INLINE __m256 group_scales8(const char *t, const uint16_t *base, int64_t g, int kind)
 {
-    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)) : _mm256_loadu_ps((const float *)p);
+    if (kind == KT_SCALE_K) {
+        const __m256 sub = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(t + g * 8))));
+        const __m128i halves = _mm_loadu_si128((const __m128i *)(base + (g / KT_SCALE_K_GROUPS) * 8));
+        return _mm256_mul_ps(sub, _mm256_cvtph_ps(halves));
+    }
+    if (kind == KT_SCALE_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + g * 16)));
+    return _mm256_loadu_ps((const float *)(t + g * 32));
 }
 
 /* Where 8-row group G's codes, scales and mins (NULL without), and the activations of
- * tokens from t0 (int8 codes, block scales, group sums) lie */
+ * tokens from t0 (int8 codes, block scales, group sums) lie; next_scale and next_base step
+ * from group G's scales (or mins) to group G + 1's */
 typedef struct row8_at {
     const uint8_t *codes;
     const char *scale, *min;
+    const uint16_t *scale_base, *min_base;
     const int8_t *q;
     const float *sa, *gsum;
-    int64_t cols, nb, ng, per_group;
-    int half;
-    size_t scale_bytes;
+    int64_t cols, nb, ng, per_group, next_scale, next_base;
+    int kind;
 } row8_at;
 
-KT_INLINE row8_at row8_locate(const kt_matrix *w, int64_t G, const kt_acts *a, int64_t t0)
+static inline int64_t scale_bytes(int kind) { return kind == KT_SCALE_K ? 1 : kind == KT_SCALE_F16 ? 2 : 4; }
+
+/* row8_at's fields of the weights alone */
+KT_INLINE row8_at row8_weights_at(const kt_matrix *w, int64_t G)
 {
     row8_at at;
     at.cols = w->cols;
     at.nb = w->cols / 32;
     at.ng = w->cols / w->group;
     at.per_group = w->group / 32;
-    at.half = w->scale_type == KT_SCALE_F16;
-    at.scale_bytes = at.half ? 2 : 4;
+    at.kind = w->scale_type;
+    at.next_scale = 8 * at.ng * scale_bytes(at.kind);
+    at.next_base = at.kind == KT_SCALE_K ? at.ng : 0;
     at.codes = (const uint8_t *)w->data + G * 8 * kt_row_bytes(w);
-    at.scale = (const char *)w->scale + (size_t)(G * 8 * at.ng) * at.scale_bytes;
-    at.min = w->min ? (const char *)w->min + (size_t)(G * 8 * at.ng) * at.scale_bytes : NULL;
+    at.scale = (const char *)w->scale + G * at.next_scale;
+    at.min = w->min ? (const char *)w->min + G * at.next_scale : NULL;
+    at.scale_base = at.kind == KT_SCALE_K ? w->scale_base + G * at.next_base : NULL;
+    at.min_base = at.kind == KT_SCALE_K && w->min ? w->min_base + G * at.next_base : NULL;
+    return at;
+}
+
+KT_INLINE row8_at row8_locate(const kt_matrix *w, int64_t G, const kt_acts *a, int64_t t0)
+{
+    row8_at at = row8_weights_at(w, G);
     at.q = a->q + t0 * at.cols;
     at.sa = a->q_scale + t0 * at.nb;
     at.gsum = a->q_group_sum + t0 * at.ng;
     return at;
 }
+
+KT_INLINE __m256 at_scales8(const row8_at *at, int64_t g) { return group_scales8(at->scale, at->scale_base, g, at->kind); }
+KT_INLINE __m256 at_mins8(const row8_at *at, int64_t g) { return group_scales8(at->min, at->min_base, g, at->kind); }
 
 /* acc[t] += (the 8 rows' scales ws) * sa[t * stride] * dot[t], for TT tokens' block dots */
 KT_INLINE void accumulate_block(__m256 acc[4], const __m256i dot[4], const __m256 ws, const float *sa,
@@ -190,8 +214,7 @@ KT_INLINE void accumulate_block(__m256 acc[4], const __m256i dot[4], const __m25
 KT_INLINE void accumulate_zero_point(__m256 acc[4], const row8_at *at, int64_t g, const __m256 ws,
                                      const float *gsum, int64_t stride, const int TT)
 {
-    const __m256 zero_point = at->min ? load_scales8(at->min + g * 8 * at->scale_bytes, at->half)
-                                      : _mm256_mul_ps(ws, _mm256_set1_ps(-8.0f));
+    const __m256 zero_point = at->min ? at_mins8(at, g) : _mm256_mul_ps(ws, _mm256_set1_ps(-8.0f));
     for (int t = 0; t < TT; t++)
         acc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(gsum[t * stride]), acc[t]);
 }
@@ -213,7 +236,7 @@ KT_INLINE void row8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G
     for (int t = 0; t < TT; t++)
         acc[t] = _mm256_setzero_ps();
     for (int64_t g = 0, b = 0; g < at.ng; g++) {
-        const __m256 ws = load_scales8(at.scale + g * 8 * at.scale_bytes, at.half);
+        const __m256 ws = at_scales8(&at, g);
         for (int64_t end = b + at.per_group; b < end; b++) {
             const uint8_t *block = at.codes + b * ROW8_BLOCK_BYTES;
             __builtin_prefetch(block + ROW8_AHEAD);
@@ -263,7 +286,7 @@ KT_INLINE void row8_group_set(float *out, int64_t ldo, const kt_matrix *w, int64
     const int8_t *qs = s.q;
     const float *sa = s.sa;
     for (int64_t g = 0; g < at.ng; g++) {
-        const __m256 ws = load_scales8(at.scale + g * 8 * at.scale_bytes, at.half);
+        const __m256 ws = at_scales8(&at, g);
         for (int64_t i = 0; i < at.per_group; i++, block += ROW8_BLOCK_BYTES, qs += TT * KT_ACT_BLOCK, sa += TT) {
             __builtin_prefetch(block + ROW8_AHEAD);
             __builtin_prefetch(block + ROW8_AHEAD + 64);

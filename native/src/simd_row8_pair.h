@@ -44,16 +44,10 @@ KT_INLINE __m512i load_pair(const uint8_t *p0, const uint8_t *p1)
     return _mm512_inserti64x4(low, _mm256_loadu_si256((const __m256i *)p1), 1);
 }
 
-/* 8 scales (halves or floats) at p0, then 8 at p1 */
-KT_INLINE __m512 load_scales_pair(const char *p0, const char *p1, int half)
+/* lo in the low half, hi in the high half */
+KT_INLINE __m512 pair_of(__m256 lo, __m256 hi)
 {
-    if (half) {
-        const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),
-                                                  _mm_loadu_si128((const __m128i *)p1), 1);
-        return _mm512_cvtph_ps(h);
-    }
-    const __m512d low = _mm512_castpd256_pd512(_mm256_loadu_pd((const double *)p0));
-    return _mm512_castpd_ps(_mm512_insertf64x4(low, _mm256_loadu_pd((const double *)p1), 1));
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
 
 #if defined(KT_ROW8_PAIR_DPBUSD)
@@ -206,12 +200,14 @@ KT_INLINE void prefetch_block(const pair_prefetch *pf, const uint8_t *b0, const 
             __builtin_prefetch(pf->next + line * 64, 0, 2);
 }
 
-/* 8 rows' scales or mins of group g, for the pair's two 8-row groups; with `same`, the
+/* 8 rows' scales (mins: mins) of group g, for the pair's two 8-row groups; with `same`, the
  * first group's in both halves (an odd last group run as its own pair) */
-KT_INLINE __m512 pair_scales(const char *t, int64_t g, size_t next_group, int half, int same)
+KT_INLINE __m512 pair_scales(const row8_at *at, int mins, int64_t g, int same)
 {
-    const char *p = t + g * 8 * (half ? 2 : 4);
-    return load_scales_pair(p, same ? p : p + next_group, half);
+    const char *t = mins ? at->min : at->scale;
+    const uint16_t *base = mins ? at->min_base : at->scale_base;
+    const __m256 first = group_scales8(t, base, g, at->kind);
+    return pair_of(first, same ? first : group_scales8(t + at->next_scale, base + at->next_base, g, at->kind));
 }
 
 /* Rows 8G..8G+15 for tokens t0..t0+TT-1 into out (token t at out[t * ldo], 16 floats); with
@@ -222,13 +218,12 @@ KT_INLINE void row8_pair(float *out, int64_t ldo, const kt_matrix *w, int64_t G,
     const row8_at at = row8_locate(w, G, a, t0);
     const int64_t group_bytes = 8 * kt_row_bytes(w), block_bytes = is_i8 ? I8_BLOCK_BYTES : ROW8_BLOCK_BYTES;
     const uint8_t *codes0 = at.codes, *codes1 = same ? codes0 : codes0 + group_bytes;
-    const size_t next_group = (size_t)(8 * at.ng) * at.scale_bytes;
     const __m512 bias = _mm512_set1_ps(is_i8 ? -128.0f : -8.0f);
     __m512 acc[PAIR_TOKENS];
     for (int t = 0; t < TT; t++)
         acc[t] = _mm512_setzero_ps();
     for (int64_t g = 0, b = 0; g < at.ng; g++) {
-        const __m512 ws = pair_scales(at.scale, g, next_group, at.half, same);
+        const __m512 ws = pair_scales(&at, 0, g, same);
         for (int64_t end = b + at.per_group; b < end; b++) {
             const uint8_t *b0 = codes0 + b * block_bytes, *b1 = codes1 + b * block_bytes;
             prefetch_block(pf, b0, b1, b, is_i8);
@@ -242,8 +237,8 @@ KT_INLINE void row8_pair(float *out, int64_t ldo, const kt_matrix *w, int64_t G,
         /* INT4: mn or -8 s; I8: (mn or 0) - 128 s */
         __m512 zero_point = _mm512_mul_ps(ws, bias);
         if (at.min)
-            zero_point = is_i8 ? _mm512_add_ps(zero_point, pair_scales(at.min, g, next_group, at.half, same))
-                               : pair_scales(at.min, g, next_group, at.half, same);
+            zero_point = is_i8 ? _mm512_add_ps(zero_point, pair_scales(&at, 1, g, same))
+                               : pair_scales(&at, 1, g, same);
         for (int t = 0; t < TT; t++)
             acc[t] = _mm512_fmadd_ps(zero_point, _mm512_set1_ps(at.gsum[t * at.ng + g]), acc[t]);
     }
@@ -312,7 +307,7 @@ KT_INLINE void row8_i8_group(float *out, int64_t ldo, const kt_matrix *w, int64_
     const row8_at at = row8_locate(w, G, a, t0);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g = 0, b = 0; g < at.ng; g++) {
-        const __m256 ws = load_scales8(at.scale + g * 8 * at.scale_bytes, at.half);
+        const __m256 ws = at_scales8(&at, g);
         for (int64_t end = b + at.per_group; b < end; b++) {
             const uint8_t *block = at.codes + b * I8_BLOCK_BYTES;
             for (int i = 0; i < 4; i++)
@@ -326,7 +321,7 @@ KT_INLINE void row8_i8_group(float *out, int64_t ldo, const kt_matrix *w, int64_
         }
         __m256 zero_point = _mm256_mul_ps(ws, _mm256_set1_ps(-128.0f));
         if (at.min)
-            zero_point = _mm256_add_ps(zero_point, load_scales8(at.min + g * 8 * at.scale_bytes, at.half));
+            zero_point = _mm256_add_ps(zero_point, at_mins8(&at, g));
         for (int t = 0; t < TT; t++)
             acc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(at.gsum[t * at.ng + g]), acc[t]);
     }
@@ -385,8 +380,7 @@ KT_INLINE void row8_group_decode(float *out, int64_t ldo, const kt_matrix *w, in
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     __m256 zacc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g = 0, b = 0; g < at.ng; g++) {
-        const char *sp = at.scale + g * 8 * at.scale_bytes;
-        const __m512 ws = load_scales_pair(sp, sp, at.half);      /* the group's 8 scales, twice */
+        const __m512 ws = pair_scales(&at, 0, g, 1);      /* the group's 8 scales, twice */
         for (int64_t end = b + at.per_group; b < end; b++) {
             const uint8_t *block = at.codes + b * ROW8_BLOCK_BYTES;
             _mm_prefetch((const char *)block + DECODE_AHEAD, _MM_HINT_T1);
@@ -398,8 +392,7 @@ KT_INLINE void row8_group_decode(float *out, int64_t ldo, const kt_matrix *w, in
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), scale_tb, acc[t]);
             }
         }
-        const __m256 zero_point = at.min ? load_scales8(at.min + g * 8 * at.scale_bytes, at.half)
-                                      : _mm256_mul_ps(load_scales8(sp, at.half), _mm256_set1_ps(-8.0f));
+        const __m256 zero_point = at.min ? at_mins8(&at, g) : _mm256_mul_ps(at_scales8(&at, g), _mm256_set1_ps(-8.0f));
         for (int t = 0; t < TT; t++)
             zacc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(at.gsum[t * at.ng + g]), zacc[t]);
     }

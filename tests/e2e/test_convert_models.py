@@ -158,7 +158,14 @@ def test_gguf_q4_k_m_experts_with_q6_k_down(tmp_path):
         return (gguf.quants.dequantize(*blocks[t.name]) if t.name in blocks else np.array(t.data)), None
 
     rewrite_gguf(tmp_path / "f32.gguf", tmp_path / "dequantized.gguf", dequantized)
-    check(logits(tmp_path / "q4_k_m.gguf"), logits(tmp_path / "dequantized.gguf"), "gguf-k-quants", "qwen3_moe")
+    with open_checkpoint(tmp_path / "q4_k_m.gguf") as ckpt:
+        model = build_model(ckpt, ModelOptions())
+        got = PagedDriver(model).step(PROMPTS)
+    check(got, logits(tmp_path / "dequantized.gguf"), "gguf-k-quants", "qwen3_moe")
+    gate_up, down = (mats[0] for mats in model.layers[0].mlp.cpu.weights)
+    if gate_up.row8:        # Q4_K's two-level scales kept (kt.h KT_SCALE_K) where the build runs ROW8
+        assert gate_up.scale.dtype == torch.uint8 and gate_up.scale_base.dtype == torch.float16
+    assert down.format.name == "I8" and down.group == 16
 
 
 def test_gguf_llama_permutes_q_k_and_writes_rope_freqs(tmp_path):

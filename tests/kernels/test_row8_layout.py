@@ -66,6 +66,24 @@ def _with_float32_scales(w: QMatrix) -> QMatrix:
     return QMatrix(w.format, w.rows, w.cols, w.data, w.group, w.scale * (1 + 2 ** -16), w.min)
 
 
+def _k_factored(t: torch.Tensor | None) -> torch.Tensor | None:
+    """t [rows, n_groups] snapped to a half base per 8 groups (its block's peak / 63) times a
+    6-bit integer: the values of GGUF's K-quant scales and mins"""
+    if t is None:
+        return None
+    blocks = t.reshape(t.shape[0], -1, 8)
+    peak = blocks.gather(2, blocks.abs().argmax(dim=2, keepdim=True))
+    base = (peak / 63).half().float()
+    safe = torch.where(base == 0, torch.ones_like(base), base)
+    return (base * (blocks / safe).round().clamp(0, 63)).reshape(t.shape)
+
+
+def _with_k_scales(w: QMatrix) -> QMatrix:
+    """w with its scale (and min) made two-level (kt.h KT_SCALE_K), held as float32, as GGUF's
+    Q4_K and Q5_K are; the codes stay"""
+    return QMatrix(w.format, w.rows, w.cols, w.data, w.group, _k_factored(w.scale), _k_factored(w.min))
+
+
 def _quantized(rows: int, cols: int, group: int, symmetric: bool, seed: int, scales: str) -> QMatrix:
     w = quantize_reference(_randn(rows, cols, seed=seed), Format.I4, group, symmetric)
     return _with_half_scales(w) if scales == "f16" else _with_float32_scales(w)
@@ -134,6 +152,86 @@ def test_linear_on_row8_weights(ops, rows, cols, group, symmetric, scales, m):
     assert bf16_linear_error(ops.pool, ops.linear(x, r8, acts="bf16"), x, w, SPLIT_MAX) < QUANT_EXACT_BOUND
 
 
+K_CASES = [  # rows, cols, group: n_groups a multiple of 8 (kt.h KT_SCALE_K_GROUPS), one or more bases a row
+    (8, 256, 32), (24, 512, 32), (16, 1024, 64), (40, 2048, 256), (64, 2048, 32),
+]
+
+
+@pytest.mark.parametrize("fmt", [Format.I4, Format.I8], ids=["i4", "i8"])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("rows, cols, group", K_CASES[:3])
+def test_to_row8_factors_k_quant_scales_exactly(rows, cols, group, symmetric, fmt):
+    """Scales (and mins) that are half bases times small integers go to uint8 subs and float16 bases,
+    at kt.h's indices, with exactly the float32 values; one value off that grid keeps float32."""
+    w = _with_k_scales(quantize_reference(_randn(rows, cols, seed=rows + cols), fmt, group, symmetric))
+    r8 = to_row8(w)
+    assert r8.scale.dtype == torch.uint8 and r8.scale_base.dtype == torch.float16
+    assert (r8.min is None) == symmetric and (r8.min_base is None) == symmetric
+    ng = cols // group
+    for values, subs, bases in ((w.scale, r8.scale, r8.scale_base), (w.min, r8.min, r8.min_base)):
+        if values is None:
+            continue
+        sub, base = subs.flatten().float(), bases.flatten().float()
+        for r, g in [(r, g) for r in range(rows) for g in range(ng)]:
+            at, at_base = (r // 8) * 8 * ng + g * 8 + r % 8, (r // 8) * ng + (g // 8) * 8 + r % 8
+            assert base[at_base] * sub[at] == values[r, g]
+    back = from_row8(r8)
+    assert torch.equal(back.scale, w.scale) and (symmetric or torch.equal(back.min, w.min))
+    assert torch.equal(r8.dequantize(), w.dequantize())
+    off = w.scale.clone()
+    off[rows - 1, ng - 1] = torch.nextafter(off[rows - 1, ng - 1], torch.tensor(1.0))
+    assert to_row8(QMatrix(fmt, rows, cols, w.data, group, off, w.min)).scale.dtype == torch.float32
+
+
+@pytest.mark.parametrize("m", TOKENS + [65])
+@pytest.mark.parametrize("fmt", [Format.I4, Format.I8], ids=["i4", "i8"])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("rows, cols, group", K_CASES)
+def test_linear_on_k_scale_row8_weights(ops, rows, cols, group, symmetric, fmt, m):
+    """Two-level scales on every kernel path: the 8-row and 16-row kernels, the row-layout copy,
+    int8, int16, float and bf16 activations"""
+    w = _with_k_scales(quantize_reference(_randn(rows, cols, seed=rows * cols + m), fmt, group, symmetric))
+    r8 = to_row8(w)
+    assert r8.scale.dtype == torch.uint8
+    x = _randn(m, cols, seed=m + cols)
+    assert int8_linear_error(ops.pool, ops.linear(x, r8), x, w) < QUANT_EXACT_BOUND
+    assert rel_err(ops.linear(x, r8, acts="f32"), x, w.dequantize()) < QUANT_EXACT_BOUND
+    lib = ops.kernels.lib
+    levels = SPLIT_MAX if fmt == Format.I4 or lib.kt_row8_kernel() & lib.KT_ROW8_I8 else 32767
+    assert rel_err(ops.linear(x, r8, acts="int16"), _acts_reference(x, levels), w.dequantize()) < QUANT_EXACT_BOUND
+    assert bf16_linear_error(ops.pool, ops.linear(x, r8, acts="bf16"), x, w, levels) < QUANT_EXACT_BOUND
+
+
+def test_native_check_refuses_bad_k_scale_descriptors(ops):
+    """KT_SCALE_K: ROW8 only, with its bases (and min's where there is a min), n_groups % 8 == 0"""
+    ffi, lib = ops.kernels.ffi, ops.kernels.lib
+    w = to_row8(_with_k_scales(quantize_reference(_randn(8, 256, seed=4), Format.I4, 32, symmetric=False)))
+    out, x = torch.empty(1, 8), torch.randn(1, 256)
+    good = {"format": int(Format.I4), "group": 32, "rows": 8, "cols": 256, "layout": lib.KT_LAYOUT_ROW8,
+            "data": ffi.cast("void *", w.data.data_ptr()), "scale": ffi.cast("float *", w.scale.data_ptr()),
+            "min": ffi.cast("float *", w.min.data_ptr()), "scale_type": lib.KT_SCALE_K,
+            "scale_base": ffi.cast("uint16_t *", w.scale_base.data_ptr()),
+            "min_base": ffi.cast("uint16_t *", w.min_base.data_ptr())}
+    cases = [({}, lib.KT_OK), ({"layout": lib.KT_LAYOUT_ROWS}, lib.KT_EINVAL), ({"scale_base": ffi.NULL}, lib.KT_EINVAL),
+             ({"min_base": ffi.NULL}, lib.KT_EINVAL), ({"group": 64}, lib.KT_EINVAL)]
+    for change, want in cases:
+        desc = ffi.new("kt_matrix *", {**good, **change})
+        rc = lib.kt_linear(ops.pool.handle, ffi.cast("float *", out.data_ptr()), ffi.cast("float *", x.data_ptr()),
+                           1, desc, lib.KT_ACTS_INT8)
+        assert rc == want, change
+
+
+def test_two_level_scales_are_checked_in_python():
+    w = to_row8(_with_k_scales(quantize_reference(_randn(8, 256, seed=4), Format.I4, 32, symmetric=False)))
+    with pytest.raises(LayoutError, match="scale_base"):
+        QMatrix(w.format, w.rows, w.cols, w.data, w.group, w.scale, w.min, row8=True, min_base=w.min_base)
+    with pytest.raises(LayoutError, match="min_base"):
+        QMatrix(w.format, w.rows, w.cols, w.data, w.group, w.scale, w.min, row8=True, scale_base=w.scale_base)
+    with pytest.raises(LayoutError, match="uint8"):
+        QMatrix(w.format, w.rows, w.cols, w.data, w.group, w.scale.float(), w.min.float(), row8=True,
+                scale_base=w.scale_base, min_base=w.min_base)
+
+
 @pytest.mark.parametrize("m", [64, 65, 130])      # kt's 8-row kernel walks tokens in chunks of 64
 @pytest.mark.parametrize("scales", ["f32", "f16"])
 @pytest.mark.parametrize("rows, cols, group", [ROW8_CASES[1], ROW8_CASES[3], ROW8_CASES[5]])
@@ -144,7 +242,7 @@ def test_linear_on_row8_weights_past_a_token_chunk(ops, rows, cols, group, scale
 
 
 @pytest.mark.parametrize("extra", [0, 13, 66], ids=["at", "past", "far"])
-@pytest.mark.parametrize("scales", ["f32", "f16"])
+@pytest.mark.parametrize("scales", ["f32", "f16", "k"])
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 @pytest.mark.parametrize("fmt", [Format.I4, Format.I8], ids=["i4", "i8"])
 def test_amx_tiles_take_row8_prefill(ops, fmt, symmetric, scales, extra):
@@ -154,9 +252,9 @@ def test_amx_tiles_take_row8_prefill(ops, fmt, symmetric, scales, extra):
     if ops.kernels.variant != "amx":
         pytest.skip(f"AMX tiles: only the amx variant (a CPU with AMX-TILE/INT8/BF16) has them, not {ops.kernels.variant}")
     m = AMX_ROW8_MIN_TOKENS[fmt] + extra
-    q = quantize_reference(_randn(40, 256, seed=40 + m), fmt, 64, symmetric)
-    w = _with_half_scales(q) if scales == "f16" else _with_float32_scales(q)
-    x = _randn(m, 256, seed=m)
+    q = quantize_reference(_randn(40, 512, seed=40 + m), fmt, 64, symmetric)
+    w = {"f16": _with_half_scales, "k": _with_k_scales}.get(scales, _with_float32_scales)(q)
+    x = _randn(m, 512, seed=m)
     tiles, plain = (Pool(ops.kernels, ops.threads, amx_tiles=on) for on in (True, False))
     r8 = to_row8(w)
     out = linear_on(tiles, x, r8)
