@@ -19,7 +19,8 @@ kernel change), its rows marked "@base".
 Weights are random codes (the kernels' speed does not depend on the values); i4_* have
 a min per group and float32 scales, as kt's own quantizer makes them; q4_0 is a GGUF
 Q4_0 model's experts as kt loads them (no mins, scales exact float16 values, which the
-row8 layout keeps in float16);
+row8 layout keeps in float16); q4_k a Q4_K one's (scales and mins a half per 8 groups times
+6-bit integers, which the row8 layout keeps as uint8 with float16 bases);
 routing is uniform random top-k, drawn afresh for each of DRAWS calls that the timing
 cycles through: one fixed routing would keep decode's few experts (21 MB for
 Qwen3-30B-A3B INT4 at T=1) in a 32 MB L3 and time the cache, not the memory. Columns:
@@ -87,6 +88,7 @@ class Weights:
     group: int | None           # None: one group per row (per output channel); 0 for BF16
     mins: bool = False          # I4 with a min per group (asymmetric)
     halves: bool = False        # scales exactly float16 values, as GGUF stores them: row8 keeps them so
+    two_level: bool = False     # scales and mins a half per 8 groups times 6-bit integers (GGUF's Q4_K)
 
 
 FORMATS = {
@@ -96,6 +98,7 @@ FORMATS = {
     "i4_g128": Weights(Format.I4, 128, mins=True),
     "q4_0": Weights(Format.I4, 32, halves=True),        # a GGUF Q4_0 model's experts as kt loads them
     "q8_0": Weights(Format.I8, 32, halves=True),        # and a Q8_0 one's
+    "q4_k": Weights(Format.I4, 32, mins=True, two_level=True),     # and a Q4_K one's (kt.h KT_SCALE_K)
 }
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -113,13 +116,24 @@ def _stacked(kind: Weights, group: int, n: int, rows: int, cols: int) -> dict[st
     if kind.format == Format.BF16:
         return {"data": _tile((torch.randn(rows, cols) / cols ** 0.5).to(torch.bfloat16), n)}
     groups = cols // group
-    side = {"scale": torch.rand(rows, groups) * 1e-3 + 1e-4}
-    if kind.mins:
-        side["min"] = -8e-3 * torch.rand(rows, groups)
+    if kind.two_level:
+        side = {"scale": _two_level(rows, groups, 1e-3 / 63), "min": _two_level(rows, groups, -8e-3 / 63)}
+    else:
+        side = {"scale": torch.rand(rows, groups) * 1e-3 + 1e-4}
+        if kind.mins:
+            side["min"] = -8e-3 * torch.rand(rows, groups)
     side = {k: _tile(v.half().float() if kind.halves else v, n) for k, v in side.items()}
     if kind.format == Format.I8:
         return {"data": _tile(torch.randint(-127, 128, (rows, cols), dtype=torch.int8), n), **side}
     return {"data": _tile(torch.randint(0, 256, (rows, cols // 2), dtype=torch.uint8), n), **side}
+
+
+def _two_level(rows: int, groups: int, base: float) -> torch.Tensor:
+    """[rows, groups]: a half per 8 groups times 6-bit integers, one of them 63 (as Q4_K's d * sc)"""
+    bases = (base * (0.5 + torch.rand(rows, groups // 8, 1))).half().float()
+    subs = torch.randint(0, 64, (rows, groups // 8, 8)).float()
+    subs[..., 0] = 63
+    return (bases * subs).reshape(rows, groups)
 
 
 def _matrices(kind: Weights, group: int, n: int, rows: int, cols: int) -> list[QMatrix]:
@@ -143,13 +157,14 @@ def layer_weights(shape: Shape, name: str) -> tuple[list, list, list]:
 
 def expert_bytes(shape: Shape, name: str) -> int:
     """What decode reads per expert: codes, scales and mins as they lie in the layout kt computes on
-    (I4 row8: scales and mins in float16 when they are exact halves)"""
+    (I4 row8: scales and mins in float16 when they are exact halves, uint8 with a half per 8 groups
+    when they factor so)"""
     H, I = shape.hidden, shape.inter
     kind = FORMATS[name]
     if kind.format == Format.BF16:
         return 3 * H * I * 2
     per_weight = 1.0 if kind.format == Format.I8 else 0.5
-    side = (2 if kind.halves else 4) * (2 if kind.mins else 1)
+    side = (1.25 if kind.two_level else 2 if kind.halves else 4) * (2 if kind.mins else 1)
     return int(3 * H * I * per_weight + side * (2 * I * (H // _group(name, H)) + H * (I // _group(name, I))))
 
 
@@ -288,7 +303,7 @@ def run_shape(shape_name: str, args, ops: Ops, base_ops: Ops | None) -> None:
 # ---- kt-kernel as a peer (bench/ktkernel_peer.py) -------------------------------------
 
 PEER = Path(__file__).resolve().parent / "ktkernel_peer.py"
-PEER_METHODS = {"AMXINT8": lambda fmt: fmt == "i8", "AMXINT4": lambda fmt: fmt.startswith("i4") or fmt == "q4_0"}
+PEER_METHODS = {"AMXINT8": lambda fmt: fmt == "i8", "AMXINT4": lambda fmt: fmt.startswith("i4") or fmt in ("q4_0", "q4_k")}
 
 
 def run_kt_kernel(shape: Shape, tokens, args) -> dict:
