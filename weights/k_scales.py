@@ -25,14 +25,13 @@ def factor(t: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
     if t is None or t.dim() != 2 or t.shape[1] % GROUPS or t.dtype != torch.float32:
         return None
     blocks = t.reshape(-1, GROUPS)
-    step = max(1, blocks.shape[0] // SAMPLE_BLOCKS)
-    if _search(blocks[::step]) is None:
+    if _search(blocks[::max(1, blocks.shape[0] // SAMPLE_BLOCKS)]) is None:
         return None
-    bases = _search(blocks)
-    if bases is None:
+    found = _search(blocks)
+    if found is None:
         return None
-    subs = (blocks / torch.where(bases == 0, torch.ones_like(bases), bases)[:, None]).round().to(torch.uint8)
-    return subs.reshape(t.shape), bases.half().reshape(t.shape[0], -1)
+    bases, subs = found
+    return subs.to(torch.uint8).reshape(t.shape), bases.half().reshape(t.shape[0], -1)
 
 
 def expand(subs: torch.Tensor, bases: torch.Tensor) -> torch.Tensor:
@@ -40,25 +39,29 @@ def expand(subs: torch.Tensor, bases: torch.Tensor) -> torch.Tensor:
     return bases.float().repeat_interleave(GROUPS, dim=1) * subs.float()
 
 
-def _search(blocks: torch.Tensor) -> torch.Tensor | None:
-    """Per block [n, GROUPS] a float32 base that factors it (0 for a block of zeros), trying
-    base = peak value / LLAMA_CPP_PEAK, then for the blocks still open every k from SUB_MAX down;
-    None if a block has none"""
+def _search(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per block [n, GROUPS] a float32 base and integer subs that give it (0 for a block of zeros),
+    trying base = peak value / LLAMA_CPP_PEAK on every block, then on the blocks still open every
+    k from SUB_MAX down; None if a block has none"""
     peak = blocks.gather(1, blocks.abs().argmax(dim=1, keepdim=True))[:, 0]
-    bases = torch.zeros_like(peak)
-    todo = (peak != 0).nonzero()[:, 0]
-    for k in [LLAMA_CPP_PEAK, *range(SUB_MAX, 0, -1)]:
+    bases = peak / LLAMA_CPP_PEAK
+    subs, ok = _try(blocks, bases)
+    zeros = peak == 0
+    bases[zeros], subs[zeros] = 0.0, 0.0
+    todo = (~(ok | zeros)).nonzero()[:, 0]
+    for k in range(SUB_MAX, 0, -1):
         if todo.numel() == 0:
-            return bases
+            break
         base = peak[todo] / k
-        ok = _factors(blocks[todo], base)
-        bases[todo[ok]] = base[ok]
+        sub, ok = _try(blocks[todo], base)
+        bases[todo[ok]], subs[todo[ok]] = base[ok], sub[ok]
         todo = todo[~ok]
-    return bases if todo.numel() == 0 else None
+    return None if todo.numel() else (bases, subs)
 
 
-def _factors(blocks: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    """Per block whether base (float32, exactly a half) times integer subs 0..SUB_MAX gives it"""
+def _try(blocks: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the subs blocks / base rounded, per block whether base is exactly a half and those subs,
+    integers 0..SUB_MAX, give the block exactly)"""
     subs = (blocks / base[:, None]).round()
-    exact = (subs >= 0) & (subs <= SUB_MAX) & (subs * base[:, None] == blocks)
-    return (base.half().float() == base) & exact.all(dim=1)
+    exact = ((subs >= 0) & (subs <= SUB_MAX) & (subs * base[:, None] == blocks)).all(dim=1)
+    return subs, exact & (base.half().float() == base)

@@ -202,6 +202,22 @@ def test_linear_on_k_scale_row8_weights(ops, rows, cols, group, symmetric, fmt, 
     assert bf16_linear_error(ops.pool, ops.linear(x, r8, acts="bf16"), x, w, levels) < QUANT_EXACT_BOUND
 
 
+def test_two_level_factors_keep_zero_blocks_and_refuse_mixed_signs():
+    """A block of zero scales factors (base 0); a block whose values differ in sign does not (the
+    subs are unsigned), nor does one whose peak needs a sub above 255; any such block keeps the
+    whole matrix in float32"""
+    w = _with_k_scales(quantize_reference(_randn(16, 512, seed=2), Format.I4, 32, symmetric=False))
+    zeros = w.min.clone()
+    zeros[3, 8:16] = 0.0
+    r8 = to_row8(QMatrix(w.format, w.rows, w.cols, w.data, w.group, w.scale, zeros))
+    assert r8.min.dtype == torch.uint8 and torch.equal(from_row8(r8).min, zeros)
+    flipped, wide = w.scale.clone(), w.scale.clone()
+    flipped[5, 1] = -flipped[5, 1]
+    wide[7, 1] = 256 * wide[7, 0]
+    for bad in (flipped, wide):
+        assert to_row8(QMatrix(w.format, w.rows, w.cols, w.data, w.group, bad, w.min)).scale.dtype == torch.float32
+
+
 def test_native_check_refuses_bad_k_scale_descriptors(ops):
     """KT_SCALE_K: ROW8 only, with its bases (and min's where there is a min), n_groups % 8 == 0"""
     ffi, lib = ops.kernels.ffi, ops.kernels.lib
