@@ -211,17 +211,22 @@ def to_row8(m: QMatrix) -> QMatrix:
     row_bytes = m.data.shape[1]
     words = _words(m.data).reshape(m.rows // ROW8_ROWS, ROW8_ROWS, row_bytes // 4)    # [G, r, i]
     data = words.transpose(1, 2).contiguous().view(m.data.dtype).reshape(m.rows, row_bytes)
+    scale, mins, scale_base, min_base = _row8_scales(m)
+    return QMatrix(m.format, m.rows, m.cols, data, m.group, scale, mins, row8=True, scale_base=scale_base,
+                   min_base=min_base)
+
+
+def _row8_scales(m: QMatrix) -> tuple:
+    """(scale, min, scale_base, min_base) of m in the row8 layout: float16 where every value is a
+    half, else two-level where every value factors so (k_scales), else float32"""
     if _exact_halves(m.scale, m.min):
-        return QMatrix(m.format, m.rows, m.cols, data, m.group, _groups_by_8(m.scale, torch.float16),
-                       _groups_by_8(m.min, torch.float16), row8=True)
+        return _groups_by_8(m.scale, torch.float16), _groups_by_8(m.min, torch.float16), None, None
     scale, mins = k_scales.factor(m.scale), k_scales.factor(m.min)
-    if scale is not None and (m.min is None or mins is not None):
-        (sub, base), (min_sub, min_base) = scale, mins or (None, None)
-        return QMatrix(m.format, m.rows, m.cols, data, m.group, _groups_by_8(sub, torch.uint8),
-                       _groups_by_8(min_sub, torch.uint8), row8=True, scale_base=_groups_by_8(base, torch.float16),
-                       min_base=_groups_by_8(min_base, torch.float16))
-    return QMatrix(m.format, m.rows, m.cols, data, m.group, _groups_by_8(m.scale, torch.float32),
-                   _groups_by_8(m.min, torch.float32), row8=True)
+    if scale is None or (m.min is not None and mins is None):
+        return _groups_by_8(m.scale, torch.float32), _groups_by_8(m.min, torch.float32), None, None
+    (sub, base), (min_sub, min_base) = scale, mins or (None, None)
+    return (_groups_by_8(sub, torch.uint8), _groups_by_8(min_sub, torch.uint8), _groups_by_8(base, torch.float16),
+            _groups_by_8(min_base, torch.float16))
 
 
 def from_row8(m: QMatrix) -> QMatrix:

@@ -124,7 +124,10 @@ def _layer_acts(layer, dense: bool) -> str:
 
 
 def _joined_bias(linears: list) -> torch.Tensor | None:
-    """The q, k and v biases side by side (zeros for a part without one), or None without any"""
+    """The q, k and v biases side by side (zeros for a part without one), or None without any; a
+    fused projection's own bias"""
+    if len(linears) == 1:
+        return linears[0].bias
     if all(linear.bias is None for linear in linears):
         return None
     return torch.cat([linear.bias if linear.bias is not None else torch.zeros(linear.rows) for linear in linears])
