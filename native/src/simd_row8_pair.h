@@ -410,7 +410,8 @@ KT_INLINE void row8_group_decode(float *out, int64_t ldo, const kt_matrix *w, in
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     __m256 zacc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g = 0, b = 0; g < at.ng; g++) {
-        const __m512 ws = pair_scales(&at, 0, g, 1);      /* the group's 8 scales, twice */
+        const __m256 scales = at_scales8(&at, g);
+        const __m512 ws = pair_of(scales, scales);      /* the group's 8 scales, twice */
         for (int64_t end = b + at.per_group; b < end; b++) {
             const uint8_t *block = at.codes + b * ROW8_BLOCK_BYTES;
             _mm_prefetch((const char *)block + DECODE_AHEAD, _MM_HINT_T1);
@@ -422,7 +423,7 @@ KT_INLINE void row8_group_decode(float *out, int64_t ldo, const kt_matrix *w, in
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), scale_tb, acc[t]);
             }
         }
-        const __m256 zero_point = at.min ? at_mins8(&at, g) : _mm256_mul_ps(at_scales8(&at, g), _mm256_set1_ps(-8.0f));
+        const __m256 zero_point = at.min ? at_mins8(&at, g) : _mm256_mul_ps(scales, _mm256_set1_ps(-8.0f));
         for (int t = 0; t < TT; t++)
             zacc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(at.gsum[t * at.ng + g]), zacc[t]);
     }
