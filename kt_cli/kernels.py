@@ -12,7 +12,7 @@ from kt_native.variants import VARIANTS, Variant, by_name, module_name  # noqa: 
 
 from .errors import KernelLoadError
 
-ABI_VERSION = 10     # native/src/identity.c kt_abi_version: the kt.h the Python side is written against
+ABI_VERSION = 11     # native/src/identity.c kt_abi_version: the kt.h the Python side is written against
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ A matrix W is (rows, cols); linear layers compute x @ W.T.
   I4   data uint8 (rows, cols/2); every 32 weights of a row are one 16-byte block,
        byte j = q[j] | q[j+16] << 4, q in 0..15;
        w = scale*(q-8) without min, w = scale*q + min with it
+  I6   in memory only, in the row8 layout below: 6-bit codes q in 0..63 (GGUF's Q6_K and Q5_K,
+       which I8 holds in 8 bits); w = scale*(q-32) without min, w = scale*q + min with it
   scale, min: float32 (rows, cols/group); float16 in the row8 layout below when exact
 
 In memory only (never on disk), an I8/I4 matrix may be `tiled` (kt.h,
@@ -19,7 +21,10 @@ same columns of 8 rows (`to_row8`, `from_row8`). Its scale and min are
 float16 instead when every value of both is exactly a half (GGUF's Q4_0 and Q4_1 store
 theirs so): decode then streams 10-17% fewer bytes for the same weights; else uint8 subs
 with float16 `scale_base`/`min_base` per 8 groups where they factor so (weights/k_scales.py:
-GGUF's Q4_K and Q5_K), 23% fewer for Q4_K.
+GGUF's Q4_K and Q5_K), 23% fewer for Q4_K; int8 subs where they factor only with signs (Q6_K).
+An I8 matrix whose codes fit 6 bits (-32..31, or 0..63 with mins) may become I6 in the row8
+layout (`fits_i6`, `to_row8_i6`): kt.h's block of I4's low nibbles, then 64 bytes of the
+codes' top 2 bits; Q6_K streams 6.625 bits a weight instead of 10, Q5_K 6.6 instead of 8.6.
 """
 
 from dataclasses import dataclass
@@ -44,10 +49,11 @@ class Format(IntEnum):
     F16 = 2
     I8 = 3
     I4 = 4
+    I6 = 5      # in memory only, row8 layout only
 
     @property
     def quantized(self) -> bool:
-        return self in (Format.I8, Format.I4)
+        return self in (Format.I8, Format.I4, Format.I6)
 
 
 _FLOAT_DTYPES = {Format.F32: torch.float32, Format.BF16: torch.bfloat16, Format.F16: torch.float16}
@@ -130,8 +136,11 @@ class QMatrix:
         return ((q - 8.0) * s if self.format == Format.I4 else q * s).view(n, self.cols)
 
 
-# float32, and in the row8 layout kt.h KT_SCALE_F16 and KT_SCALE_K (uint8 subs with float16 bases)
-_ROW8_SCALE_DTYPES = (torch.float32, torch.float16, torch.uint8)
+# float32, and in the row8 layout kt.h KT_SCALE_F16, KT_SCALE_K and KT_SCALE_KS (uint8 or int8 subs
+# with float16 bases)
+_ROW8_SCALE_DTYPES = (torch.float32, torch.float16, torch.uint8, torch.int8)
+_TWO_LEVEL_DTYPES = (torch.uint8, torch.int8)
+I6_BLOCK_BYTES = 192    # kt.h KT_I6 in KT_LAYOUT_ROW8: 8 rows x 32 columns
 
 
 def _validate_quantized(m: QMatrix) -> None:
@@ -140,6 +149,10 @@ def _validate_quantized(m: QMatrix) -> None:
     _check(m.cols % m.group == 0, f"cols {m.cols} is not a multiple of group {m.group}")
     if m.format == Format.I4:
         _expect(m.data, torch.uint8, (m.rows, m.cols // 2), "data")
+    elif m.format == Format.I6:
+        _check(m.row8, "an I6 matrix exists only in the row8 layout")
+        _check(m.group == 16 or m.group % 32 == 0, f"I6 group {m.group} is neither 16 nor a multiple of 32")
+        _expect(m.data, torch.uint8, (m.rows, m.cols // 4 * 3), "data")
     else:
         _expect(m.data, torch.int8, (m.rows, m.cols), "data")
     scale_dtype = m.scale.dtype if m.row8 and m.scale is not None else torch.float32
@@ -147,7 +160,7 @@ def _validate_quantized(m: QMatrix) -> None:
     _expect(m.scale, scale_dtype, (m.rows, m.n_groups), "scale")
     if m.min is not None:
         _expect(m.min, scale_dtype, (m.rows, m.n_groups), "min")
-    if scale_dtype != torch.uint8:
+    if scale_dtype not in _TWO_LEVEL_DTYPES:
         _check(m.scale_base is None and m.min_base is None, "scale_base and min_base go with uint8 (two-level) scales")
         return
     _check(m.n_groups % k_scales.GROUPS == 0, f"{m.n_groups} groups are not a multiple of {k_scales.GROUPS}")
@@ -198,7 +211,7 @@ def untile_rows(m: QMatrix) -> QMatrix:
 def can_row8(m: QMatrix) -> bool:
     """Whether m's shape allows the row8 layout (kt.h KT_LAYOUT_ROW8)."""
     fits = m.rows % ROW8_ROWS == 0 and m.cols % 64 == 0
-    return fits and (m.format == Format.I4 or (m.format == Format.I8 and m.group % 32 == 0))
+    return fits and (m.format in (Format.I4, Format.I6) or (m.format == Format.I8 and m.group % 32 == 0))
 
 
 def to_row8(m: QMatrix) -> QMatrix:
@@ -218,20 +231,71 @@ def to_row8(m: QMatrix) -> QMatrix:
 
 def _row8_scales(m: QMatrix) -> tuple:
     """(scale, min, scale_base, min_base) of m in the row8 layout: float16 where every value is a
-    half, else two-level where every value factors so (k_scales), else float32"""
+    half, else two-level where every value factors so (k_scales; uint8 subs, else int8 ones), else
+    float32"""
     if _exact_halves(m.scale, m.min):
         return _groups_by_8(m.scale, torch.float16), _groups_by_8(m.min, torch.float16), None, None
-    scale, mins = k_scales.factor(m.scale), k_scales.factor(m.min)
-    if scale is None or (m.min is not None and mins is None):
-        return _groups_by_8(m.scale, torch.float32), _groups_by_8(m.min, torch.float32), None, None
-    (sub, base), (min_sub, min_base) = scale, mins or (None, None)
-    return (_groups_by_8(sub, torch.uint8), _groups_by_8(min_sub, torch.uint8), _groups_by_8(base, torch.float16),
-            _groups_by_8(min_base, torch.float16))
+    for signed in (False, True):
+        scale = k_scales.factor(m.scale, signed)
+        mins = k_scales.factor(m.min, signed) if scale is not None and m.min is not None else None
+        if scale is not None and (m.min is None or mins is not None):
+            (sub, base), (min_sub, min_base) = scale, mins or (None, None)
+            return (_groups_by_8(sub, sub.dtype), _groups_by_8(min_sub, sub.dtype), _groups_by_8(base, torch.float16),
+                    _groups_by_8(min_base, torch.float16))
+    return _groups_by_8(m.scale, torch.float32), _groups_by_8(m.min, torch.float32), None, None
+
+
+def fits_i6(m: QMatrix) -> bool:
+    """Whether I8 matrix m (row layout) can become I6 in the row8 layout (kt.h KT_I6): its shape
+    fits, its group is 16 or a multiple of 32, and its codes lie in -32..31 (0..63 with mins)"""
+    if m.format != Format.I8 or m.in_memory_layout or m.rows % ROW8_ROWS or m.cols % 64:
+        return False
+    if m.group != 16 and m.group % 32:
+        return False
+    low, high = (0, 63) if m.min is not None else (-32, 31)
+    return int(m.data.min()) >= low and int(m.data.max()) <= high
+
+
+def to_row8_i6(m: QMatrix) -> QMatrix:
+    """I8 matrix m whose codes fit 6 bits (fits_i6) as I6 in the row8 layout. Per 8-row group and
+    32-column block (kt.h): 128 bytes as I4's row8 block of the codes' low nibbles (byte n = 32 j
+    + 4 r + i holds columns 4j + i and 16 + 4j + i of row r), then 64 bytes whose byte p holds
+    the top 2 bits of byte p's two codes (bits 0-3), then of byte p + 64's (bits 4-7)."""
+    _check(fits_i6(m), f"an I8 {m.rows}x{m.cols} matrix with group {m.group} does not fit I6")
+    codes = m.data.to(torch.int16) + (0 if m.min is not None else 32)
+    nb = m.cols // 32
+    # [G, r, b, half, j, i] -> [G, b, half, j, r, i]: each half's 128 codes in nibble-byte order
+    u = codes.to(torch.uint8).reshape(m.rows // ROW8_ROWS, ROW8_ROWS, nb, 2, 4, 4).permute(0, 2, 3, 4, 1, 5)
+    u = u.reshape(m.rows // ROW8_ROWS, nb, 2, 128)
+    low, high = u[:, :, 0], u[:, :, 1]
+    nibbles = (low & 0x0F) | ((high & 0x0F) << 4)
+    top = (low >> 4) | ((high >> 4) << 2)                   # 4 bits a nibble byte
+    tops = top[..., :64] | (top[..., 64:] << 4)
+    data = torch.cat([nibbles, tops], dim=2).reshape(m.rows, m.cols // 4 * 3)
+    scale, mins, scale_base, min_base = _row8_scales(m)
+    return QMatrix(Format.I6, m.rows, m.cols, data.contiguous(), m.group, scale, mins, row8=True,
+                   scale_base=scale_base, min_base=min_base)
+
+
+def _i6_codes(m: QMatrix) -> torch.Tensor:
+    """The inverse of to_row8_i6's packing: I6 row8 m's codes as I8 codes [rows, cols] in row order"""
+    nb = m.cols // 32
+    blocks = m.data.reshape(m.rows // ROW8_ROWS, nb, I6_BLOCK_BYTES)
+    nibbles, tops = blocks[..., :128], blocks[..., 128:]
+    top = torch.cat([tops & 0x0F, tops >> 4], dim=2)
+    low = (nibbles & 0x0F) | ((top & 3) << 4)
+    high = (nibbles >> 4) | ((top >> 2) << 4)
+    u = torch.stack([low, high], dim=2).reshape(m.rows // ROW8_ROWS, nb, 2, 4, ROW8_ROWS, 4)
+    codes = u.permute(0, 4, 1, 2, 3, 5).reshape(m.rows, m.cols).to(torch.int16)
+    return (codes - (0 if m.min is not None else 32)).to(torch.int8)
 
 
 def from_row8(m: QMatrix) -> QMatrix:
-    """The inverse of to_row8: m back in the row layout."""
+    """The inverse of to_row8 (and of to_row8_i6: an I6 matrix comes back I8): m in the row layout."""
     _check(m.row8, "the matrix is not row8")
+    if m.format == Format.I6:
+        return QMatrix(Format.I8, m.rows, m.cols, _i6_codes(m), m.group, _row8_values(m.scale, m.scale_base),
+                       _row8_values(m.min, m.min_base))
     row_bytes = m.data.shape[1]
     words = _words(m.data).reshape(m.rows // ROW8_ROWS, row_bytes // 4, ROW8_ROWS)    # [G, i, r]
     data = words.transpose(1, 2).contiguous().view(m.data.dtype).reshape(m.rows, row_bytes)

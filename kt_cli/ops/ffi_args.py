@@ -15,8 +15,8 @@ STATUS_NAMES = {-1: "invalid sizes or format", -2: "out of memory",
                 -3: "busy: an asynchronous job is still running", -4: "unsupported"}
 
 
-# scale dtype -> kt.h kt_scale_type (float16 and uint8 only in the row8 layout: QMatrix.validate)
-SCALE_TYPES = {torch.float32: 0, torch.float16: 1, torch.uint8: 2}
+# scale dtype -> kt.h kt_scale_type (float16, uint8 and int8 only in the row8 layout: QMatrix.validate)
+SCALE_TYPES = {torch.float32: 0, torch.float16: 1, torch.uint8: 2, torch.int8: 3}
 
 
 class OpError(KtError):

@@ -2,7 +2,7 @@
 
 import torch
 
-from kt_weights.layout import Format, QMatrix, can_row8, can_tile, to_row8
+from kt_weights.layout import Format, QMatrix, can_row8, can_tile, fits_i6, to_row8, to_row8_i6
 
 from .ffi_args import OpError, check, check_status, kt_matrix, matrix_2d, pointer
 from .pool import Pool
@@ -75,17 +75,24 @@ def runs_on_row8_kernel(w: QMatrix, pool: Pool | None = None, prefill: bool = Fa
     """Whether the pool's build runs w's format on its 8-row kernel (kt.h kt_row8_kernels;
     prefill: INT4 on the 16-row prefill form)."""
     lib = (pool if pool is not None else _default_pool()).kernels.lib
-    need = lib.KT_ROW8_I8 if w.format == Format.I8 else lib.KT_ROW8_I4_PREFILL if prefill else lib.KT_ROW8_I4
+    need = {Format.I8: lib.KT_ROW8_I8, Format.I6: lib.KT_ROW8_I6}.get(
+        w.format, lib.KT_ROW8_I4_PREFILL if prefill else lib.KT_ROW8_I4)
     return bool(lib.kt_row8_kernel() & need)
 
 
-def decode_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None) -> QMatrix:
+def decode_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None, i6: bool = True) -> QMatrix:
     """w as decode streams it fastest: I4, and I8 on AVX-512 builds (amx included), in the
     row8 layout (kt.h KT_LAYOUT_ROW8) where the shape allows and the build's 8-row kernel
     takes it (row8=None; True or False forces the choice), else kernel_layout(w). int8
     activations (experts) and int16 ones (dense layers, split into int8 pairs) both run
-    the 8-row kernel; see bench/moe_layer.py --layouts and bench/linear.py (-row8 rows)."""
+    the 8-row kernel; see bench/moe_layer.py --layouts and bench/linear.py (-row8 rows).
+    I8 matrices whose codes fit 6 bits (GGUF's Q6_K and Q5_K: fits_i6) become I6 there instead
+    where the build's kernel takes it (unless row8 or i6 is False): 6.6 bits a weight instead of
+    8.6-10."""
     pool = pool if pool is not None else _default_pool()
+    lib = pool.kernels.lib
+    if row8 is not False and i6 and lib.kt_row8_kernel() & lib.KT_ROW8_I6 and fits_i6(w):
+        return to_row8_i6(w)
     if row8 is None:
         row8 = runs_on_row8_kernel(w, pool)
     if row8 and not w.in_memory_layout and can_row8(w):

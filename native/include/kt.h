@@ -82,10 +82,14 @@ double kt_membw_read_gbps(kt_pool *pool, int64_t n_bytes, int repeats);
  *            16-byte block where byte j holds q[j] in its low nibble and q[j+16]
  *            in its high nibble (q in 0..15);
  *            w = scale*(q-8) when min == NULL, else w = scale*q + min
+ *   KT_I6    KT_LAYOUT_ROW8 only (below), in memory only: 6-bit codes q in 0..63,
+ *            w = scale*(q-32) when min == NULL, else w = scale*q + min; 3/4 of a
+ *            byte a weight. GGUF's Q6_K and Q5_K codes, which I8 holds in 8 bits.
  *   scale, min: float[rows * (cols/group)], one per group of `group` weights
- *   along a row. I4: group % 32 == 0; I8: group % 16 == 0; cols % group == 0. */
+ *   along a row. I4: group % 32 == 0; I8: group % 16 == 0; I6: group 16 or a
+ *   multiple of 32; cols % group == 0. */
 
-enum kt_format { KT_F32 = 0, KT_BF16 = 1, KT_F16 = 2, KT_I8 = 3, KT_I4 = 4 };
+enum kt_format { KT_F32 = 0, KT_BF16 = 1, KT_F16 = 2, KT_I8 = 3, KT_I4 = 4, KT_I6 = 5 };
 
 typedef struct kt_matrix {
     int32_t format;
@@ -110,8 +114,10 @@ typedef struct kt_matrix {
  * KT_SCALE_K_GROUPS groups, at [(r / 8) * n_groups + (g / KT_SCALE_K_GROUPS) * 8 + r % 8];
  * the value is base * sub, which a float32 holds exactly (11 by 8 significant bits). A Q4_K
  * matrix then streams 4.625 bits a weight instead of 6 with float32 scale and min; loaders
- * pick it only where every value factors so exactly. */
-enum kt_scale_type { KT_SCALE_F32 = 0, KT_SCALE_F16 = 1, KT_SCALE_K = 2 };
+ * pick it only where every value factors so exactly.
+ * KT_SCALE_KS: as KT_SCALE_K with int8 subs (-128..127): GGUF's Q6_K, whose int8
+ * sub-scales change sign within a block. */
+enum kt_scale_type { KT_SCALE_F32 = 0, KT_SCALE_F16 = 1, KT_SCALE_K = 2, KT_SCALE_KS = 3 };
 enum { KT_SCALE_K_GROUPS = 8 };
 
 /* How the codes of an I8/I4 matrix lie in `data` (scale and min are always row-major):
@@ -132,6 +138,11 @@ enum { KT_SCALE_K_GROUPS = 8 };
  * In ROW8 one 32-byte load holds the same columns of 8 rows: the kernels broadcast
  * each 4 activations to the rows and sum a block of 8 (or 16) rows in one register,
  * with one conversion and scaling per block instead of one per row and block.
+ * I6 keeps I4's 128-byte block of the codes' low 4 bits and puts their top 2 bits in
+ * 64 bytes after it: a block is 192 bytes (b * 192), and its high byte p (0..63) holds,
+ * from bit 0, 2 bits a code: the low then the high nibble's code of the block's byte p,
+ * then those of byte p + 64. Its low-nibble codes are columns 0-15 of the block, the
+ * high ones 16-31, so group 16 takes one scale for each.
  * KT_LAYOUT_ROW8 needs rows % 8 == 0, cols % 64 == 0, and for I8 group % 32 == 0. */
 enum kt_layout { KT_LAYOUT_ROWS = 0, KT_LAYOUT_TILES = 1, KT_LAYOUT_ROW8 = 2 };
 enum kt_row8 { KT_ROW8_ROWS = 8 };
@@ -147,8 +158,10 @@ enum kt_row8 { KT_ROW8_ROWS = 8 };
  *                       tiles on, amx takes ROW8 INT4 from 24 tokens and I8 from 64 to
  *                       the BF16 tiles through bf16 copies of the rows)
  *   KT_ROW8_DPBUSD      the 16-row form sums with vpdpbusd (AVX512-VNNI builds); without
- *                       it, vpmaddubsw into int16 (I8: its codes split into nibbles) */
-enum kt_row8_kernels { KT_ROW8_I4 = 1, KT_ROW8_I4_PREFILL = 2, KT_ROW8_I8 = 4, KT_ROW8_DPBUSD = 8 };
+ *                       it, vpmaddubsw into int16 (I8: its codes split into nibbles)
+ *   KT_ROW8_I6          I6 on its 8-row kernel (every build with KT_ROW8_I4); elsewhere I6
+ *                       rows are copied as I8 rows (codes q - 32, or q with mins) */
+enum kt_row8_kernels { KT_ROW8_I4 = 1, KT_ROW8_I4_PREFILL = 2, KT_ROW8_I8 = 4, KT_ROW8_DPBUSD = 8, KT_ROW8_I6 = 16 };
 int kt_row8_kernel(void);
 enum kt_tile { KT_TILE_ROWS = 4, KT_TILE_CHUNK = 64 };
 

@@ -34,6 +34,8 @@ static int uses_amx(const kt_matrix *w, int64_t m, int amx_tiles)
     if (!amx_tiles)
         return 0;
     if (w->layout == KT_LAYOUT_ROW8) {
+        if (w->format == KT_I6)     /* its 8-row kernel, not the tiles */
+            return 0;
         int64_t least = w->format == KT_I4 ? KT_AMX_MIN_TOKENS_ROW8 : KT_AMX_MIN_TOKENS_ROW8_I8;
         return m >= least && w->group % 32 == 0;
     }
@@ -136,24 +138,22 @@ static size_t int_acts_bytes(const kt_matrix *w, int64_t m, size_t code_bytes)
            ALIGN64(mm * (cols / (size_t)w->group) * 4);
 }
 
-static int quantized(int32_t format)
-{
-    return format == KT_I8 || format == KT_I4;
-}
-
 /* INT16 is for integer weights; float formats take float32 activations then */
 static int32_t effective_kind(const kt_matrix *w, int32_t kind)
 {
-    return kind == KT_ACTS_INT16 && !quantized(w->format) ? KT_ACTS_F32 : kind;
+    return kind == KT_ACTS_INT16 && !kt_int_format(w->format) ? KT_ACTS_F32 : kind;
 }
 
 /* ROW8 matrices take int16 activations split into int8 pairs (kt_internal.h): INT4 always,
- * I8 where the 16-row kernel runs it (elsewhere the row kernels would meet the pairs'
- * -128, which their sign trick cannot negate, so I8 keeps int16 codes there) */
+ * I8 where the 16-row kernel runs it and I6 where its 8-row kernel does (elsewhere the row
+ * kernels, I6's on copies as I8 rows, would meet the pairs' -128, which their sign trick
+ * cannot negate, so those keep int16 codes) */
 static int splits_int16(const kt_matrix *w, int32_t kind)
 {
     if (kind != KT_ACTS_INT16 || w->layout != KT_LAYOUT_ROW8)
         return 0;
+    if (w->format == KT_I6)
+        return (kt_row8_kernel() & KT_ROW8_I6) != 0;
     return w->format == KT_I4 || (kt_row8_kernel() & KT_ROW8_I8);
 }
 
@@ -162,7 +162,7 @@ static int splits_int16(const kt_matrix *w, int32_t kind)
 static int bf16_tiles(const kt_matrix *w, int amx_tiles, int32_t kind)
 {
 #if defined(KT_AMX_BUILD)
-    return kind == KT_ACTS_BF16 && amx_tiles && w->layout == KT_LAYOUT_ROW8 && w->group % 32 == 0 &&
+    return kind == KT_ACTS_BF16 && amx_tiles && w->layout == KT_LAYOUT_ROW8 && w->group % 32 == 0 && w->format != KT_I6 &&
            splits_int16(w, KT_ACTS_INT16);
 #else
     (void)w;
@@ -184,7 +184,7 @@ size_t kt_acts_scratch_bytes(const kt_matrix *w, int64_t m, int amx_tiles, int32
         return int_acts_bytes(w, 2 * m, 1) + ALIGN64((size_t)w->cols * 2) + (tiles ? bf16_panel_bytes(w, m) : 0);
     if (kind == KT_ACTS_INT16)
         return int_acts_bytes(w, m, 2);
-    if (quantized(w->format))
+    if (kt_int_format(w->format))
         return int_acts_bytes(w, m, 1) + amx_bytes(w, m, amx_tiles);
     if (uses_bf16_acts(w->format))     /* bf16 rows, then the pair GEMM's or the AMX tiles' panels */
         return ALIGN64((size_t)m * (size_t)w->cols * 2) +
@@ -418,7 +418,7 @@ int kt_acts_prepare(kt_acts *acts, const float *x, int64_t m, const kt_matrix *w
     }
     size_t panel_bytes = amx_bytes(w, m, amx_tiles);
     char *panels = panel_bytes ? (char *)scratch + (bytes - panel_bytes) : NULL;   /* the AMX panels go last */
-    if (quantized(w->format)) {
+    if (kt_int_format(w->format)) {
         prepare_int(acts, x, m, w, scratch, 1);
         if (uses_amx(w, m, amx_tiles) && w->layout == KT_LAYOUT_ROW8) {
             acts->amx_bf16 = (uint16_t *)panels;

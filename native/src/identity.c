@@ -18,7 +18,7 @@
 
 const char *kt_variant_name(void) { return KT_VARIANT; }
 
-int kt_abi_version(void) { return 10; }
+int kt_abi_version(void) { return 11; }
 
 /* Linux keeps the 8 KiB AMX tile state off until a process asks for it; an AMX
  * instruction before that raises SIGILL even on hardware that has AMX. */

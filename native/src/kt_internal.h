@@ -46,6 +46,12 @@ static inline float kt_f16_to_f32(uint16_t h)
 #endif
 }
 
+/* Whether scales of kt_scale_type t are two-level (uint8 or int8 subs times half bases) */
+static inline int kt_two_level(int32_t t) { return t == KT_SCALE_K || t == KT_SCALE_KS; }
+
+/* The integer code formats (scale and group; I6 only in the ROW8 layout) */
+static inline int kt_int_format(int32_t format) { return format == KT_I8 || format == KT_I4 || format == KT_I6; }
+
 /* Entry i of a ROW8 matrix's scale (mins: its min), i = (r / 8) * 8 * n_groups + g * 8 + r % 8
  * (kt.h KT_LAYOUT_ROW8), as a float, whatever its kt_scale_type */
 static inline float kt_row8_scale_at(const kt_matrix *w, int mins, int64_t i)
@@ -53,11 +59,12 @@ static inline float kt_row8_scale_at(const kt_matrix *w, int mins, int64_t i)
     const void *t = mins ? (const void *)w->min : (const void *)w->scale;
     if (w->scale_type == KT_SCALE_F16)
         return kt_f16_to_f32(((const uint16_t *)t)[i]);
-    if (w->scale_type != KT_SCALE_K)
+    if (!kt_two_level(w->scale_type))
         return ((const float *)t)[i];
     const int64_t ng = w->cols / w->group, G = i / (8 * ng), g = (i / 8) % ng;
     const uint16_t *base = mins ? w->min_base : w->scale_base;
-    return kt_f16_to_f32(base[G * ng + (g / KT_SCALE_K_GROUPS) * 8 + i % 8]) * (float)((const uint8_t *)t)[i];
+    const float sub = w->scale_type == KT_SCALE_KS ? (float)((const int8_t *)t)[i] : (float)((const uint8_t *)t)[i];
+    return kt_f16_to_f32(base[G * ng + (g / KT_SCALE_K_GROUPS) * 8 + i % 8]) * sub;
 }
 
 /* ---- thread pool jobs ----------------------------------------------------------
@@ -221,6 +228,7 @@ static inline int64_t kt_row_bytes(const kt_matrix *w)
     case KT_F32: return w->cols * 4;
     case KT_BF16: case KT_F16: return w->cols * 2;
     case KT_I8: return w->cols;
+    case KT_I6: return w->cols / 4 * 3;
     default: return w->cols / 2;
     }
 }

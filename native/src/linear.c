@@ -33,34 +33,32 @@
 
 /* ---- descriptor check --------------------------------------------------------- */
 
-static int quantized(int32_t format)
-{
-    return format == KT_I8 || format == KT_I4;
-}
-
 int kt_matrix_check(const kt_matrix *w)
 {
     if (!w || !w->data || w->rows < 1 || w->cols < 1)
         return KT_EINVAL;
-    if (w->format < KT_F32 || w->format > KT_I4)
+    if (w->format < KT_F32 || w->format > KT_I6)
         return KT_EINVAL;
     if (w->cols > MAX_ELEMENTS / w->rows)
         return KT_EINVAL;
     if (w->layout != KT_LAYOUT_ROWS && w->layout != KT_LAYOUT_TILES && w->layout != KT_LAYOUT_ROW8)
         return KT_EINVAL;
-    if (w->scale_type != KT_SCALE_F32 && !((w->scale_type == KT_SCALE_F16 || w->scale_type == KT_SCALE_K)
+    if (w->scale_type != KT_SCALE_F32 && !((w->scale_type == KT_SCALE_F16 || kt_two_level(w->scale_type))
                                            && w->layout == KT_LAYOUT_ROW8))
         return KT_EINVAL;
-    if (!quantized(w->format))
+    if (!kt_int_format(w->format))
         return w->layout == KT_LAYOUT_ROWS ? KT_OK : KT_EINVAL;
     int32_t block = w->format == KT_I4 ? 32 : 16;
     if (!w->scale || w->group < block || w->group % block != 0 || w->cols % w->group != 0)
         return KT_EINVAL;
+    if (w->format == KT_I6 && (w->layout != KT_LAYOUT_ROW8 || (w->group != 16 && w->group % 32 != 0)))
+        return KT_EINVAL;
     if (w->layout == KT_LAYOUT_TILES && (w->rows % KT_TILE_ROWS != 0 || kt_row_bytes(w) % KT_TILE_CHUNK != 0))
         return KT_EINVAL;
-    if (w->layout == KT_LAYOUT_ROW8 && (w->rows % KT_ROW8_ROWS != 0 || w->cols % 64 != 0 || w->group % 32 != 0))
+    if (w->layout == KT_LAYOUT_ROW8 && (w->rows % KT_ROW8_ROWS != 0 || w->cols % 64 != 0
+                                        || (w->format != KT_I6 && w->group % 32 != 0)))
         return KT_EINVAL;
-    if (w->scale_type == KT_SCALE_K && (!w->scale_base || !w->min != !w->min_base
+    if (kt_two_level(w->scale_type) && (!w->scale_base || !w->min != !w->min_base
                                         || (w->cols / w->group) % KT_SCALE_K_GROUPS != 0))
         return KT_EINVAL;
     return KT_OK;

@@ -4,23 +4,50 @@
 #include "kt_internal.h"
 #include "simd_row8.h"
 #include "simd_row8_pair.h"
+#include "simd_row8_i6.h"
 
 enum { COPY_ROWS = 24 };    /* rows a fallback copy holds: whole 8-row groups, and whole
                              * tiles of the GEMM (6 or 12 rows) and of the int kernels (4) */
 
 static int64_t n_groups(const kt_matrix *w) { return w->cols / w->group; }
 
+/* The 6-bit code of weight (r % 8, k) of an I6 8-row group (kt.h KT_LAYOUT_ROW8) */
+static int i6_code(const uint8_t *group, int64_t r, int64_t k)
+{
+    const uint8_t *block = group + (k / 32) * 192;
+    const int64_t j = (k % 16) / 4, byte = j * 32 + (r % KT_ROW8_ROWS) * 4 + k % 4, high = k % 32 >= 16;
+    const int nibble = high ? block[byte] >> 4 : block[byte] & 0x0F;
+    const int top = (block[128 + byte % 64] >> (4 * (byte / 64) + 2 * high)) & 3;
+    return nibble | top << 4;
+}
+
+/* The format and row bytes a copy of w's rows takes: I6 becomes I8 (codes q - 32, or q with mins) */
+static int32_t copy_format(const kt_matrix *w) { return w->format == KT_I6 ? KT_I8 : w->format; }
+static int64_t copy_row_bytes(const kt_matrix *w) { return w->format == KT_I6 ? w->cols : kt_row_bytes(w); }
+
+/* Row r's codes of I6 matrix w as I8 codes into dst */
+static void copy_i6_row(int8_t *dst, const kt_matrix *w, int64_t r)
+{
+    const uint8_t *group = (const uint8_t *)w->data + (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * kt_row_bytes(w);
+    const int zero = w->min ? 0 : 32;
+    for (int64_t k = 0; k < w->cols; k++)
+        dst[k] = (int8_t)(i6_code(group, r, k) - zero);
+}
+
 /* Rows [r0, r0 + n) of w (r0, n multiples of 8) into the row layout: codes
- * [n, row bytes], scale and (when w has one) min [n, n_groups]. Word i (bytes
+ * [n, copy_row_bytes], scale and (when w has one) min [n, n_groups]. Word i (bytes
  * 4i..4i+3) of row r sits at word i * 8 + r % 8 of its 8-row group (kt.h). */
 static void copy_rows(uint8_t *codes, float *scale, float *min, const kt_matrix *w, int64_t r0, int64_t n)
 {
     const int64_t rb = kt_row_bytes(w), ng = n_groups(w);
     for (int64_t r = r0; r < r0 + n; r++) {
         const uint8_t *group = (const uint8_t *)w->data + (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * rb;
-        uint8_t *dst = codes + (r - r0) * rb;
-        for (int64_t i = 0; i < rb / 4; i++)
-            memcpy(dst + i * 4, group + i * 32 + (r % KT_ROW8_ROWS) * 4, 4);
+        uint8_t *dst = codes + (r - r0) * copy_row_bytes(w);
+        if (w->format == KT_I6)
+            copy_i6_row((int8_t *)dst, w, r);
+        else
+            for (int64_t i = 0; i < rb / 4; i++)
+                memcpy(dst + i * 4, group + i * 32 + (r % KT_ROW8_ROWS) * 4, 4);
         const int64_t at = (r / KT_ROW8_ROWS) * KT_ROW8_ROWS * ng + r % KT_ROW8_ROWS;
         for (int64_t g = 0; g < ng; g++) {
             scale[(r - r0) * ng + g] = kt_row8_scale_at(w, 0, at + g * KT_ROW8_ROWS);
@@ -40,6 +67,10 @@ static float weight_at(const kt_matrix *w, int64_t r, int64_t k)
     if (w->format == KT_I8) {
         const int8_t code = (int8_t)group[(k / 4) * 32 + (r % KT_ROW8_ROWS) * 4 + k % 4];
         return s * (float)code + mn;
+    }
+    if (w->format == KT_I6) {
+        const int code = i6_code(group, r, k);
+        return w->min ? s * (float)code + mn : s * (float)(code - 32);
     }
     const int64_t b = k / 32, j = (k % 16) / 4;
     uint8_t byte = group[b * 128 + j * 32 + (r % KT_ROW8_ROWS) * 4 + k % 4];
@@ -66,28 +97,32 @@ static void rows_exact(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, 
 static void rows_by_copy(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1, const kt_acts *a,
                          uint8_t *buf)
 {
-    const int64_t rb = kt_row_bytes(w), ng = n_groups(w);
+    const int64_t rb = copy_row_bytes(w), ng = n_groups(w);
     const size_t codes_bytes = (size_t)(COPY_ROWS * rb + 63) / 64 * 64;
     float *scale = (float *)(buf + codes_bytes), *min = w->min ? scale + COPY_ROWS * ng : NULL;
     for (int64_t r = r0; r < r1; r += COPY_ROWS) {
         const int64_t n = r1 - r < COPY_ROWS ? r1 - r : COPY_ROWS;
         copy_rows(buf, scale, min, w, r, n);
-        kt_matrix part = {w->format, w->group, n, w->cols, buf, scale, min, KT_LAYOUT_ROWS};
+        kt_matrix part = {copy_format(w), w->group, n, w->cols, buf, scale, min, KT_LAYOUT_ROWS};
         kt_matrix_rows_f32(out + (r - r0), ldo, &part, 0, n, a);
     }
 }
 
 static size_t copy_bytes(const kt_matrix *w)
 {
-    return (size_t)(COPY_ROWS * kt_row_bytes(w) + 63) / 64 * 64 + 2 * (size_t)(COPY_ROWS * n_groups(w)) * 4;
+    return (size_t)(COPY_ROWS * copy_row_bytes(w) + 63) / 64 * 64 + 2 * (size_t)(COPY_ROWS * n_groups(w)) * 4;
 }
 
 /* Whether this build's 8-row kernel takes a (int8 rows: plain or split pairs) for w:
- * INT4 where it has the kernel, I8 where it has the 16-row AVX-512 form */
+ * INT4 and I6 where it has the kernel, I8 where it has the 16-row AVX-512 form */
 static int kernel_takes(const kt_matrix *w, const kt_acts *a)
 {
     if (!a->q || a->q16 || a->float_acts)
         return 0;
+#if defined(KT_ROW8_I6_KERNEL)
+    if (w->format == KT_I6)
+        return 1;
+#endif
 #if defined(KT_ROW8_PAIR_KERNEL)
     return 1;
 #elif defined(KT_ROW8_KERNEL)
@@ -104,6 +139,12 @@ static void rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, in
 {
 #if defined(KT_ROW8_KERNEL)
     if (kernel_takes(w, a)) {
+#if defined(KT_ROW8_I6_KERNEL)
+        if (w->format == KT_I6) {
+            row8_rows_i6(out, ldo, w, r0, r1, a);
+            return;
+        }
+#endif
 #if defined(KT_ROW8_PAIR_KERNEL)
         if (w->format == KT_I8 || a->m >= PAIR_MIN_TOKENS) {
             row8_pair_rows(out, ldo, w, r0, r1, a);
@@ -124,11 +165,11 @@ static void rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, in
 int kt_row8_kernel(void)
 {
 #if defined(KT_ROW8_PAIR_DPBUSD)
-    return KT_ROW8_I4 | KT_ROW8_I4_PREFILL | KT_ROW8_I8 | KT_ROW8_DPBUSD;
+    return KT_ROW8_I4 | KT_ROW8_I4_PREFILL | KT_ROW8_I8 | KT_ROW8_DPBUSD | KT_ROW8_I6;
 #elif defined(KT_ROW8_PAIR_KERNEL)
-    return KT_ROW8_I4 | KT_ROW8_I4_PREFILL | KT_ROW8_I8;
+    return KT_ROW8_I4 | KT_ROW8_I4_PREFILL | KT_ROW8_I8 | KT_ROW8_I6;
 #elif defined(KT_ROW8_KERNEL)
-    return KT_ROW8_I4;
+    return KT_ROW8_I4 | KT_ROW8_I6;
 #else
     return 0;
 #endif

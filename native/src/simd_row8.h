@@ -140,12 +140,19 @@ KT_INLINE void block_dots(__m256i dot[2], const __m256i low4, const uint8_t *blo
         dot[t] = block_dot_8rows(lo, hi, qb + t * cols);
 }
 
+/* The 8 subs of group g (two-level scales: uint8, or int8 for KT_SCALE_KS) as floats */
+KT_INLINE __m256 group_subs8(const char *t, int64_t g, int kind)
+{
+    const __m128i subs = _mm_loadl_epi64((const __m128i *)(t + g * 8));
+    return _mm256_cvtepi32_ps(kind == KT_SCALE_KS ? _mm256_cvtepi8_epi32(subs) : _mm256_cvtepu8_epi32(subs));
+}
+
 /* The 8 rows' scales (or mins) of group g, t and base pointing at their 8-row group's
- * (kt.h kt_scale_type): floats, halves, or uint8 subs times the halves of their 8 groups */
+ * (kt.h kt_scale_type): floats, halves, or uint8 (int8) subs times the halves of their 8 groups */
 KT_INLINE __m256 group_scales8(const char *t, const uint16_t *base, int64_t g, int kind)
 {
-    if (kind == KT_SCALE_K) {
-        const __m256 sub = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(t + g * 8))));
+    if (kt_two_level(kind)) {
+        const __m256 sub = group_subs8(t, g, kind);
         const __m128i halves = _mm_loadu_si128((const __m128i *)(base + (g / KT_SCALE_K_GROUPS) * 8));
         return _mm256_mul_ps(sub, _mm256_cvtph_ps(halves));
     }
@@ -167,7 +174,7 @@ typedef struct row8_at {
     int kind;
 } row8_at;
 
-static inline int64_t scale_bytes(int kind) { return kind == KT_SCALE_K ? 1 : kind == KT_SCALE_F16 ? 2 : 4; }
+static inline int64_t scale_bytes(int kind) { return kt_two_level(kind) ? 1 : kind == KT_SCALE_F16 ? 2 : 4; }
 
 /* row8_at's fields of the weights alone */
 KT_INLINE row8_at row8_weights_at(const kt_matrix *w, int64_t G)
@@ -179,12 +186,12 @@ KT_INLINE row8_at row8_weights_at(const kt_matrix *w, int64_t G)
     at.per_group = w->group / 32;
     at.kind = w->scale_type;
     at.next_scale = 8 * at.ng * scale_bytes(at.kind);
-    at.next_base = at.kind == KT_SCALE_K ? at.ng : 0;
+    at.next_base = kt_two_level(at.kind) ? at.ng : 0;
     at.codes = (const uint8_t *)w->data + G * 8 * kt_row_bytes(w);
     at.scale = (const char *)w->scale + G * at.next_scale;
     at.min = w->min ? (const char *)w->min + G * at.next_scale : NULL;
-    at.scale_base = at.kind == KT_SCALE_K ? w->scale_base + G * at.next_base : NULL;
-    at.min_base = at.kind == KT_SCALE_K && w->min ? w->min_base + G * at.next_base : NULL;
+    at.scale_base = kt_two_level(at.kind) ? w->scale_base + G * at.next_base : NULL;
+    at.min_base = kt_two_level(at.kind) && w->min ? w->min_base + G * at.next_base : NULL;
     return at;
 }
 

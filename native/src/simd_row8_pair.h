@@ -227,7 +227,7 @@ KT_INLINE __m512 pair_subs(const row8_at *at, int mins, int64_t g, int same)
     const char *t = (mins ? at->min : at->scale) + g * 8;
     const __m128i first = _mm_loadl_epi64((const __m128i *)t);
     const __m128i both = _mm_unpacklo_epi64(first, same ? first : _mm_loadl_epi64((const __m128i *)(t + at->next_scale)));
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(both));
+    return _mm512_cvtepi32_ps(at->kind == KT_SCALE_KS ? _mm512_cvtepi8_epi32(both) : _mm512_cvtepu8_epi32(both));
 }
 
 /* Rows 8G..8G+15 for tokens t0..t0+TT-1 into out (token t at out[t * ldo], 16 floats); with
@@ -242,7 +242,7 @@ KT_INLINE void row8_pair(float *out, int64_t ldo, const kt_matrix *w, int64_t G,
     __m512 acc[PAIR_TOKENS];
     for (int t = 0; t < TT; t++)
         acc[t] = _mm512_setzero_ps();
-    const int two_level = at.kind == KT_SCALE_K;
+    const int two_level = kt_two_level(at.kind);
     __m512 scale_bases = _mm512_setzero_ps(), min_bases = _mm512_setzero_ps();
     for (int64_t g = 0, b = 0; g < at.ng; g++) {
         if (two_level && g % KT_SCALE_K_GROUPS == 0) {

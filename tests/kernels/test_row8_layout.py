@@ -66,22 +66,27 @@ def _with_float32_scales(w: QMatrix) -> QMatrix:
     return QMatrix(w.format, w.rows, w.cols, w.data, w.group, w.scale * (1 + 2 ** -16), w.min)
 
 
-def _k_factored(t: torch.Tensor | None) -> torch.Tensor | None:
+def _k_factored(t: torch.Tensor | None, signed: bool = False) -> torch.Tensor | None:
     """t [rows, n_groups] snapped to a half base per 8 groups (its block's peak / 63) times a
-    6-bit integer: the values of GGUF's K-quant scales and mins"""
+    6-bit integer (signed: -63..63): the values of GGUF's K-quant scales and mins"""
     if t is None:
         return None
     blocks = t.reshape(t.shape[0], -1, 8)
     peak = blocks.gather(2, blocks.abs().argmax(dim=2, keepdim=True))
     base = (peak / 63).half().float()
     safe = torch.where(base == 0, torch.ones_like(base), base)
-    return (base * (blocks / safe).round().clamp(0, 63)).reshape(t.shape)
+    return (base * (blocks / safe).round().clamp(-63 if signed else 0, 63)).reshape(t.shape)
 
 
-def _with_k_scales(w: QMatrix) -> QMatrix:
+def _with_k_scales(w: QMatrix, signed: bool = False) -> QMatrix:
     """w with its scale (and min) made two-level (kt.h KT_SCALE_K), held as float32, as GGUF's
-    Q4_K and Q5_K are; the codes stay"""
-    return QMatrix(w.format, w.rows, w.cols, w.data, w.group, _k_factored(w.scale), _k_factored(w.min))
+    Q4_K and Q5_K are; signed: the scales' signs flipped at random first, so only int8 subs
+    factor them (kt.h KT_SCALE_KS, as Q6_K's); the codes stay"""
+    scale = w.scale
+    if signed:
+        flips = torch.randint(0, 2, scale.shape, generator=torch.Generator().manual_seed(w.rows)) * 2 - 1
+        scale = scale * flips
+    return QMatrix(w.format, w.rows, w.cols, w.data, w.group, _k_factored(scale, signed), _k_factored(w.min))
 
 
 def _quantized(rows: int, cols: int, group: int, symmetric: bool, seed: int, scales: str) -> QMatrix:
@@ -184,15 +189,18 @@ def test_to_row8_factors_k_quant_scales_exactly(rows, cols, group, symmetric, fm
 
 
 @pytest.mark.parametrize("m", TOKENS + [65])
+@pytest.mark.parametrize("signed", [False, True], ids=["k", "ks"])
 @pytest.mark.parametrize("fmt", [Format.I4, Format.I8], ids=["i4", "i8"])
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 @pytest.mark.parametrize("rows, cols, group", K_CASES)
-def test_linear_on_k_scale_row8_weights(ops, rows, cols, group, symmetric, fmt, m):
-    """Two-level scales on every kernel path: the 8-row and 16-row kernels, the row-layout copy,
-    int8, int16, float and bf16 activations"""
-    w = _with_k_scales(quantize_reference(_randn(rows, cols, seed=rows * cols + m), fmt, group, symmetric))
+def test_linear_on_k_scale_row8_weights(ops, rows, cols, group, symmetric, fmt, signed, m):
+    """Two-level scales, uint8 subs (KT_SCALE_K) and int8 ones (KT_SCALE_KS), on every kernel path:
+    the 8-row and 16-row kernels, the row-layout copy, int8, int16, float and bf16 activations"""
+    q = quantize_reference(_randn(rows, cols, seed=rows * cols + m), fmt, group, symmetric)
+    w = _with_k_scales(q, signed)
     r8 = to_row8(w)
-    assert r8.scale.dtype == torch.uint8
+    assert r8.scale.dtype == (torch.int8 if signed else torch.uint8)
+    assert torch.equal(r8.dequantize(), w.dequantize())
     x = _randn(m, cols, seed=m + cols)
     assert int8_linear_error(ops.pool, ops.linear(x, r8), x, w) < QUANT_EXACT_BOUND
     assert rel_err(ops.linear(x, r8, acts="f32"), x, w.dequantize()) < QUANT_EXACT_BOUND
@@ -202,10 +210,10 @@ def test_linear_on_k_scale_row8_weights(ops, rows, cols, group, symmetric, fmt, 
     assert bf16_linear_error(ops.pool, ops.linear(x, r8, acts="bf16"), x, w, levels) < QUANT_EXACT_BOUND
 
 
-def test_two_level_factors_keep_zero_blocks_and_refuse_mixed_signs():
-    """A block of zero scales factors (base 0); a block whose values differ in sign does not (the
-    subs are unsigned), nor does one whose peak needs a sub above 255; any such block keeps the
-    whole matrix in float32"""
+def test_two_level_factors_keep_zero_blocks_and_take_mixed_signs_as_int8():
+    """A block of zero scales factors (base 0); a block whose values differ in sign takes int8 subs
+    for the whole matrix (kt.h KT_SCALE_KS); one whose peak needs a sub above 255 keeps the whole
+    matrix in float32"""
     w = _with_k_scales(quantize_reference(_randn(16, 512, seed=2), Format.I4, 32, symmetric=False))
     zeros = w.min.clone()
     zeros[3, 8:16] = 0.0
@@ -214,8 +222,9 @@ def test_two_level_factors_keep_zero_blocks_and_refuse_mixed_signs():
     flipped, wide = w.scale.clone(), w.scale.clone()
     flipped[5, 1] = -flipped[5, 1]
     wide[7, 1] = 256 * wide[7, 0]
-    for bad in (flipped, wide):
-        assert to_row8(QMatrix(w.format, w.rows, w.cols, w.data, w.group, bad, w.min)).scale.dtype == torch.float32
+    signed = to_row8(QMatrix(w.format, w.rows, w.cols, w.data, w.group, flipped, w.min))
+    assert signed.scale.dtype == torch.int8 and torch.equal(from_row8(signed).scale, flipped)
+    assert to_row8(QMatrix(w.format, w.rows, w.cols, w.data, w.group, wide, w.min)).scale.dtype == torch.float32
 
 
 def test_native_check_refuses_bad_k_scale_descriptors(ops):
@@ -287,9 +296,9 @@ def test_amx_tiles_take_row8_prefill(ops, fmt, symmetric, scales, extra):
 
 
 def test_decode_layout_picks_row8_where_the_kernel_is(ops):
-    """kt.h kt_row8_kernels: INT4 on every SIMD build, its prefill form and I8 on the
+    """kt.h kt_row8_kernels: INT4 and I6 on every SIMD build, INT4's prefill form and I8 on the
     AVX-512 ones, summed by vpdpbusd on the AVX512-VNNI ones, amx included"""
-    bits = {"generic": 0, "avx2": 1, "avx512": 7}.get(ops.kernels.variant, 15)
+    bits = {"generic": 0, "avx2": 17, "avx512": 23}.get(ops.kernels.variant, 31)
     assert ops.kernels.lib.kt_row8_kernel() == bits
     w = quantize_reference(_randn(16, 128, seed=5), Format.I4, 32)
     assert decode_layout(w, ops.pool).row8 == bool(bits & 1)
