@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kt_weights.layout import Format, QMatrix
+from kt_weights.layout import Format, QMatrix, fits_i6
 
 from . import gate_up, hugepages, numa
 from .ffi_args import OpError, check_status, check_tensor, kt_matrix, pointer
@@ -99,23 +99,29 @@ class MoEJob:
 class MoEExperts:
     """Routed experts of one layer: out[t] = sum_k w[t,k] * down_e(act(gate_e x_t) * up_e x_t).
     Quantized experts go to the operator with gate and up in one interleaved matrix;
-    interleave=False keeps them apart, True interleaves float experts too (gate_up.wanted)."""
+    interleave=False keeps them apart, True interleaves float experts too (gate_up.wanted); i6=False
+    keeps experts whose I8 codes fit 6 bits in I8 (decode_layout)."""
 
     def __init__(self, gate: list[QMatrix], up: list[QMatrix], down: list[QMatrix],
                  activation: str = "silu", clamp_limit: float = 0.0, alpha: float = 1.0, ops=None,
-                 kernel_layouts: bool = True, row8: bool | None = None, interleave: bool | None = None):
+                 kernel_layouts: bool = True, row8: bool | None = None, interleave: bool | None = None,
+                 i6: bool = True):
         _check(activation in ACTIVATIONS, f"unknown activation {activation!r} (known: {', '.join(ACTIVATIONS)})")
         _check(activation != "swiglu_clamp" or clamp_limit > 0,
                f"swiglu_clamp needs clamp_limit > 0, got {clamp_limit}")
         self.shape = _validate(gate, up, down)
         self._pool = (ops if ops is not None else _default_ops()).pool
-        # kernel layouts (decode_layout: row8 or tiled): copies of the codes, which decode streams faster
-        layout = (lambda m: decode_layout(m, self._pool, row8)) if kernel_layouts else (lambda m: m)
+        # kernel layouts (decode_layout: row8 or tiled): copies of the codes, which decode streams faster;
+        # I6 for a projection only where all its experts fit (gate and up must share a format)
+        layout = (lambda m, i6: decode_layout(m, self._pool, row8, i6)) if kernel_layouts else (lambda m, i6: m)
+        i6_gate_up, i6_down = i6 and all(map(fits_i6, gate + up)), i6 and all(map(fits_i6, down))
         self.interleaved = gate_up.wanted(interleave, gate[0], up[0])
         if self.interleaved:    # (gate_up, down): ops/gate_up.py
-            self.weights = ([layout(gate_up.interleave(g, u)) for g, u in zip(gate, up)], [layout(m) for m in down])
+            self.weights = ([layout(gate_up.interleave(g, u), i6_gate_up) for g, u in zip(gate, up)],
+                            [layout(m, i6_down) for m in down])
         else:                   # (gate, up, down)
-            self.weights = tuple([layout(m) for m in mats] for mats in (gate, up, down))
+            self.weights = tuple([layout(m, i6) for m in mats]
+                                 for mats, i6 in ((gate, i6_gate_up), (up, i6_gate_up), (down, i6_down)))
         self.numa_ranges = numa.interleave(self._pool.kernels, self.tensors(), self._pool.numa)
         hugepages.collapse(self.tensors())
         self._native = self._build(activation, clamp_limit, alpha)

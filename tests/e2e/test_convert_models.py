@@ -165,7 +165,10 @@ def test_gguf_q4_k_m_experts_with_q6_k_down(tmp_path):
     gate_up, down = (mats[0] for mats in model.layers[0].mlp.cpu.weights)
     if gate_up.row8:        # Q4_K's two-level scales kept (kt.h KT_SCALE_K) where the build runs ROW8
         assert gate_up.scale.dtype == torch.uint8 and gate_up.scale_base.dtype == torch.float16
-    assert down.format.name == "I8" and down.group == 16
+    # Q6_K down: 6-bit codes (kt.h KT_I6) with int8 two-level scales (KT_SCALE_KS) where the build
+    # runs ROW8, else 8-bit ones
+    assert down.format.name == ("I6" if down.row8 else "I8") and down.group == 16
+    assert not down.row8 or (down.scale.dtype == torch.int8 and down.scale_base.dtype == torch.float16)
 
 
 def test_gguf_llama_permutes_q_k_and_writes_rope_freqs(tmp_path):
