@@ -11,7 +11,8 @@ machine (the probe `kt doctor` uses) as the ceiling for decode.
 
 --layouts times each I4 and I8 format three times: in its default layout (row8 where the
 kernels have the 8-row kernel, gate and up interleaved in one matrix), tiled (fmt name +
-"/tiled") and with gate and up as two matrices ("/split"), alternating them ROUNDS times
+"/tiled"), with gate and up as two matrices ("/split") and, for q5_k and q6_k, as I8 instead
+of I6 ("/i8": row8 where the build takes I8 there and the shape allows), alternating them ROUNDS times
 and keeping each one's fastest round, so all see the same load. --baseline OLD.so
 does the same with a saved copy of the loaded variant's library (the .so from before a
 kernel change), its rows marked "@base".
@@ -20,7 +21,10 @@ Weights are random codes (the kernels' speed does not depend on the values); i4_
 a min per group and float32 scales, as kt's own quantizer makes them; q4_0 is a GGUF
 Q4_0 model's experts as kt loads them (no mins, scales exact float16 values, which the
 row8 layout keeps in float16); q4_k a Q4_K one's (scales and mins a half per 8 groups times
-6-bit integers, which the row8 layout keeps as uint8 with float16 bases);
+6-bit integers, which the row8 layout keeps as uint8 with float16 bases); q5_k and q6_k
+Q5_K and Q6_K ones' (I8 codes of 6 bits, 0..31 with mins in groups of 32, or -32..31 in groups
+of 16 with signed subs), which kt computes on as I6 where the build has its kernel ("/tiled":
+the I8 tiled layout kt used before);
 routing is uniform random top-k, drawn afresh for each of DRAWS calls that the timing
 cycles through: one fixed routing would keep decode's few experts (21 MB for
 Qwen3-30B-A3B INT4 at T=1) in a 32 MB L3 and time the cache, not the memory. Columns:
@@ -78,7 +82,8 @@ class Shape:
 
 
 SHAPES = {
-    "qwen3-30b-a3b": Shape(2048, 768, 128, 8, (1, 8, 128, 512), ("bf16", "i8", "i4_g32", "i4_g128", "q4_0", "q8_0")),
+    "qwen3-30b-a3b": Shape(2048, 768, 128, 8, (1, 8, 128, 512),
+                           ("bf16", "i8", "i4_g32", "i4_g128", "q4_0", "q8_0", "q4_k", "q5_k", "q6_k")),
     "deepseek-v3": Shape(7168, 2048, 256, 8, (1, 8), ("i4_g128",)),
 }
 
@@ -89,6 +94,8 @@ class Weights:
     mins: bool = False          # I4 with a min per group (asymmetric)
     halves: bool = False        # scales exactly float16 values, as GGUF stores them: row8 keeps them so
     two_level: bool = False     # scales and mins a half per 8 groups times 6-bit integers (GGUF's Q4_K)
+    six_bit: bool = False       # I8 codes of 6 bits (GGUF's Q6_K: -32..31, signed subs; Q5_K: 0..31), which
+                                # kt computes on as I6 (kt.h KT_I6) where the build's kernel takes it
 
 
 FORMATS = {
@@ -99,6 +106,8 @@ FORMATS = {
     "q4_0": Weights(Format.I4, 32, halves=True),        # a GGUF Q4_0 model's experts as kt loads them
     "q8_0": Weights(Format.I8, 32, halves=True),        # and a Q8_0 one's
     "q4_k": Weights(Format.I4, 32, mins=True, two_level=True),     # and a Q4_K one's (kt.h KT_SCALE_K)
+    "q5_k": Weights(Format.I8, 32, mins=True, two_level=True, six_bit=True),
+    "q6_k": Weights(Format.I8, 16, two_level=True, six_bit=True),
 }
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -117,22 +126,26 @@ def _stacked(kind: Weights, group: int, n: int, rows: int, cols: int) -> dict[st
         return {"data": _tile((torch.randn(rows, cols) / cols ** 0.5).to(torch.bfloat16), n)}
     groups = cols // group
     if kind.two_level:
-        side = {"scale": _two_level(rows, groups, 1e-3 / 63), "min": _two_level(rows, groups, -8e-3 / 63)}
+        side = {"scale": _two_level(rows, groups, 1e-3 / 63, signed=not kind.mins)}
+        if kind.mins:
+            side["min"] = _two_level(rows, groups, -8e-3 / 63)
     else:
         side = {"scale": torch.rand(rows, groups) * 1e-3 + 1e-4}
         if kind.mins:
             side["min"] = -8e-3 * torch.rand(rows, groups)
     side = {k: _tile(v.half().float() if kind.halves else v, n) for k, v in side.items()}
     if kind.format == Format.I8:
-        return {"data": _tile(torch.randint(-127, 128, (rows, cols), dtype=torch.int8), n), **side}
+        low, high = ((0, 32) if kind.mins else (-32, 32)) if kind.six_bit else (-127, 128)
+        return {"data": _tile(torch.randint(low, high, (rows, cols), dtype=torch.int8), n), **side}
     return {"data": _tile(torch.randint(0, 256, (rows, cols // 2), dtype=torch.uint8), n), **side}
 
 
-def _two_level(rows: int, groups: int, base: float) -> torch.Tensor:
-    """[rows, groups]: a half per 8 groups times 6-bit integers, one of them 63 (as Q4_K's d * sc)"""
+def _two_level(rows: int, groups: int, base: float, signed: bool = False) -> torch.Tensor:
+    """[rows, groups]: a half per 8 groups times 6-bit integers, one of them 63 (as Q4_K's d * sc), or
+    signed: times -128..127, one of them -128 (as Q6_K's)"""
     bases = (base * (0.5 + torch.rand(rows, groups // 8, 1))).half().float()
-    subs = torch.randint(0, 64, (rows, groups // 8, 8)).float()
-    subs[..., 0] = 63
+    subs = torch.randint(-128 if signed else 0, 128 if signed else 64, (rows, groups // 8, 8)).float()
+    subs[..., 0] = -128 if signed else 63
     return (bases * subs).reshape(rows, groups)
 
 
@@ -163,7 +176,7 @@ def expert_bytes(shape: Shape, name: str) -> int:
     kind = FORMATS[name]
     if kind.format == Format.BF16:
         return 3 * H * I * 2
-    per_weight = 1.0 if kind.format == Format.I8 else 0.5
+    per_weight = 0.75 if kind.six_bit else 1.0 if kind.format == Format.I8 else 0.5
     side = (1.25 if kind.two_level else 2 if kind.halves else 4) * (2 if kind.mins else 1)
     return int(3 * H * I * per_weight + side * (2 * I * (H // _group(name, H)) + H * (I // _group(name, I))))
 
@@ -289,6 +302,8 @@ def run_shape(shape_name: str, args, ops: Ops, base_ops: Ops | None) -> None:
         if args.layouts and FORMATS[name].format in (Format.I4, Format.I8):
             layouts[f"{name}/tiled"] = MoEExperts(*weights, ops=ops, row8=False)
             layouts[f"{name}/split"] = MoEExperts(*weights, ops=ops, interleave=False)
+            if FORMATS[name].six_bit:
+                layouts[f"{name}/i8"] = MoEExperts(*weights, ops=ops, i6=False)
         if base_ops is not None:
             layouts[f"{name}@base"] = MoEExperts(*weights, ops=base_ops)
         for T in tokens:
