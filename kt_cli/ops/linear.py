@@ -81,7 +81,7 @@ def runs_on_row8_kernel(w: QMatrix, pool: Pool | None = None, prefill: bool = Fa
 
 
 def decode_layout(w: QMatrix, pool: Pool | None = None, row8: bool | None = None, i6: bool = True) -> QMatrix:
-    """w as decode streams it fastest: I4, and I8 on AVX-512 builds (amx included), in the
+    """w as decode streams it fastest: I4 and I8 in the
     row8 layout (kt.h KT_LAYOUT_ROW8) where the shape allows and the build's 8-row kernel
     takes it (row8=None; True or False forces the choice), else kernel_layout(w). int8
     activations (experts) and int16 ones (dense layers, split into int8 pairs) both run

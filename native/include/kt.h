@@ -152,11 +152,13 @@ enum kt_row8 { KT_ROW8_ROWS = 8 };
  *   KT_ROW8_I4          INT4 with int8 activations (plain or int16 split into pairs)
  *   KT_ROW8_I4_PREFILL  and the 16-row AVX-512 form from 3 rows of activations on
  *                       (two 8-row groups a 512-bit register)
- *   KT_ROW8_I8          I8 on the 16-row form at any token count (every AVX-512 build;
+ *   KT_ROW8_I8          I8 at any token count (every build with KT_ROW8_I4): on the
+ *                       16-row form on AVX-512 builds (decode one 8-row group at a time;
  *                       on amx too: it ran one MoE layer's I8 prefill 1.8x faster than
  *                       the AMX tiles, which keep I8 matrices ROW8 cannot hold; with the
  *                       tiles on, amx takes ROW8 INT4 from 24 tokens and I8 from 64 to
- *                       the BF16 tiles through bf16 copies of the rows)
+ *                       the BF16 tiles through bf16 copies of the rows), on the 8-row
+ *                       form on AVX2 (its codes split into nibbles, as below)
  *   KT_ROW8_DPBUSD      the 16-row form sums with vpdpbusd (AVX512-VNNI builds); without
  *                       it, vpmaddubsw into int16 (I8: its codes split into nibbles)
  *   KT_ROW8_I6          I6 on its 8-row kernel (every build with KT_ROW8_I4); elsewhere I6

@@ -3,6 +3,7 @@
 #include <string.h>
 #include "kt_internal.h"
 #include "simd_row8.h"
+#include "simd_row8_i8.h"
 #include "simd_row8_pair.h"
 #include "simd_row8_i6.h"
 
@@ -114,7 +115,7 @@ static size_t copy_bytes(const kt_matrix *w)
 }
 
 /* Whether this build's 8-row kernel takes a (int8 rows: plain or split pairs) for w:
- * INT4 and I6 where it has the kernel, I8 where it has the 16-row AVX-512 form */
+ * INT4, I8 and I6 where it has the kernel */
 static int kernel_takes(const kt_matrix *w, const kt_acts *a)
 {
     if (!a->q || a->q16 || a->float_acts)
@@ -126,7 +127,7 @@ static int kernel_takes(const kt_matrix *w, const kt_acts *a)
 #if defined(KT_ROW8_PAIR_KERNEL)
     return 1;
 #elif defined(KT_ROW8_KERNEL)
-    return w->format == KT_I4;
+    return w->format == KT_I4 || w->format == KT_I8;
 #else
     (void)w;
     return 0;
@@ -150,6 +151,11 @@ static void rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, in
             row8_pair_rows(out, ldo, w, r0, r1, a);
             return;
         }
+#else
+        if (w->format == KT_I8) {
+            row8_rows_i8(out, ldo, w, r0, r1, a);
+            return;
+        }
 #endif
 #if defined(KT_ROW8_PAIR_DPBUSD)
         row8_rows_i4_decode(out, ldo, w, r0, r1, a);     /* 1-2 rows: below PAIR_MIN_TOKENS */
@@ -169,7 +175,7 @@ int kt_row8_kernel(void)
 #elif defined(KT_ROW8_PAIR_KERNEL)
     return KT_ROW8_I4 | KT_ROW8_I4_PREFILL | KT_ROW8_I8 | KT_ROW8_I6;
 #elif defined(KT_ROW8_KERNEL)
-    return KT_ROW8_I4 | KT_ROW8_I6;
+    return KT_ROW8_I4 | KT_ROW8_I8 | KT_ROW8_I6;
 #else
     return 0;
 #endif

@@ -25,6 +25,7 @@
 #define KT_SIMD_ROW8_PAIR_H
 
 #include "simd_row8.h"
+#include "simd_row8_i8.h"
 
 #if defined(KT_ROW8_KERNEL) && defined(__AVX512F__) && defined(__AVX512BW__)
 #define KT_ROW8_PAIR_KERNEL 1
@@ -33,9 +34,9 @@
 #endif
 
 /* INT4 from PAIR_MIN_TOKENS rows of activations on (its decode reads one 8-row group at a
- * time, a single stream: row8_group_decode or simd_row8.h's row8_group); I8_BLOCK_BYTES: one
- * 32-column block of 8 I8 rows */
-enum { PAIR_TOKENS = 6, PAIR_MIN_TOKENS = 3, I8_BLOCK_BYTES = 8 * 32 };
+ * time, a single stream: row8_group_decode or simd_row8.h's row8_group); I8 decode likewise
+ * (simd_row8_i8.h's row8_i8_group) */
+enum { PAIR_TOKENS = 6, PAIR_MIN_TOKENS = 3 };
 
 /* bytes [p0, p0 + 32) in the low half, [p1, p1 + 32) in the high half */
 KT_INLINE __m512i load_pair(const uint8_t *p0, const uint8_t *p1)
@@ -277,89 +278,6 @@ KT_INLINE void row8_pair(float *out, int64_t ldo, const kt_matrix *w, int64_t G,
 }
 
 #if defined(KT_ROW8_PAIR_DPBUSD)
-/* acc + u . the 4 signed bytes at p in every lane of 8 (dpbusd_bcast, 256 bits) */
-KT_INLINE __m256i dpbusd_bcast8(__m256i acc, __m256i u, const int8_t *p)
-{
-    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
-    return acc;
-}
-
-/* The int32 dots of one I8 block of 8 rows with TT tokens (q: token 0's block), two
- * chains a token */
-KT_INLINE void group_block_dots(__m256i dot[2], const uint8_t *block, const int8_t *q, int64_t cols, const int TT)
-{
-    const __m256i top = _mm256_set1_epi8((char)0x80);
-    __m256i hi_dot[2];
-    for (int t = 0; t < TT; t++)
-        dot[t] = hi_dot[t] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j += 2) {
-        const __m256i u0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(block + 32 * j)), top);
-        const __m256i u1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(block + 32 * j + 32)), top);
-        for (int t = 0; t < TT; t++) {
-            dot[t] = dpbusd_bcast8(dot[t], u0, q + t * cols + 4 * j);
-            hi_dot[t] = dpbusd_bcast8(hi_dot[t], u1, q + t * cols + 4 * j + 4);
-        }
-    }
-    for (int t = 0; t < TT; t++)
-        dot[t] = _mm256_add_epi32(dot[t], hi_dot[t]);
-}
-#else
-/* group_block_dots without VNNI: the nibble sums of pair_block_dots_i8_nibbles */
-KT_INLINE void group_block_dots(__m256i dot[2], const uint8_t *block, const int8_t *q, int64_t cols, const int TT)
-{
-    const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(0x08);
-    __m256i lo_sum[2], hi_sum[2];
-    for (int t = 0; t < TT; t++)
-        lo_sum[t] = hi_sum[t] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
-        const __m256i ul = _mm256_and_si256(v, low4);
-        const __m256i uh = _mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), low4), eight);
-        for (int t = 0; t < TT; t++) {
-            const __m256i a = broadcast4(q + t * cols + 4 * j);
-            lo_sum[t] = _mm256_add_epi16(lo_sum[t], _mm256_maddubs_epi16(ul, a));
-            hi_sum[t] = _mm256_add_epi16(hi_sum[t], _mm256_maddubs_epi16(uh, a));
-            __asm__("" : "+v"(lo_sum[t]), "+v"(hi_sum[t]));      /* keep_order */
-        }
-    }
-    for (int t = 0; t < TT; t++)
-        dot[t] = _mm256_add_epi32(_mm256_madd_epi16(lo_sum[t], _mm256_set1_epi16(1)),
-                                  _mm256_madd_epi16(hi_sum[t], _mm256_set1_epi16(16)));
-}
-#endif
-
-/* I8 decode: rows 8G..8G+7 for tokens t0..t0+TT-1 (TT <= 2), one group at a time. Two
- * groups a register read two streams 8 rows apart, which ran one MoE layer's decode 0.7x
- * as fast as the row layout; one stream matches it. */
-KT_INLINE void row8_i8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
-                             int64_t t0, const int TT)
-{
-    const row8_at at = row8_locate(w, G, a, t0);
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t g = 0, b = 0; g < at.ng; g++) {
-        const __m256 ws = at_scales8(&at, g);
-        for (int64_t end = b + at.per_group; b < end; b++) {
-            const uint8_t *block = at.codes + b * I8_BLOCK_BYTES;
-            for (int i = 0; i < 4; i++)
-                __builtin_prefetch(block + ROW8_AHEAD + 64 * i);
-            __m256i dot[2];
-            group_block_dots(dot, block, at.q + b * 32, at.cols, TT);
-            for (int t = 0; t < TT; t++) {
-                const __m256 scale_tb = _mm256_mul_ps(ws, _mm256_set1_ps(at.sa[t * at.nb + b]));
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale_tb, acc[t]);
-            }
-        }
-        __m256 zero_point = _mm256_mul_ps(ws, _mm256_set1_ps(-128.0f));
-        if (at.min)
-            zero_point = _mm256_add_ps(zero_point, at_mins8(&at, g));
-        for (int t = 0; t < TT; t++)
-            acc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(at.gsum[t * at.ng + g]), acc[t]);
-    }
-    for (int t = 0; t < TT; t++)
-        _mm256_storeu_ps(out + t * ldo, acc[t]);
-}
-
-#if defined(KT_ROW8_PAIR_DPBUSD)
 /* INT4 decode on AVX-512: one 8-row group, a whole 512-bit register a load. The 64 bytes at
  * 64h of a block (h = 0, 1) are its pieces 2h (lanes 0-7: 8 rows) and 2h + 1 (lanes 8-15),
  * so each half needs its own activation dwords: one vpermd picks them from the 64 activation
@@ -484,12 +402,8 @@ KT_INLINE void row8_pair_chunk(float *out, int64_t ldo, const kt_matrix *w, int6
     const int64_t tiles = (c1 - c0 + PAIR_TOKENS - 1) / PAIR_TOKENS;
     int64_t G = r0 / 8;
     if (is_i8 && c1 - c0 <= 2) {
-        for (; G < r1 / 8; G++) {
-            if (c1 - c0 == 1)
-                row8_i8_group(out + c0 * ldo + (G * 8 - r0), ldo, w, G, a, c0, 1);
-            else
-                row8_i8_group(out + c0 * ldo + (G * 8 - r0), ldo, w, G, a, c0, 2);
-        }
+        for (; G < r1 / 8; G++)
+            row8_i8_tokens(out + (G * 8 - r0), ldo, w, G, a, c0, c1);
         return;
     }
     for (; G + 1 < r1 / 8; G += 2)

@@ -1,0 +1,168 @@
+/* simd_row8_i8.h: the 8-row kernel for I8 weights in KT_LAYOUT_ROW8 (kt.h) against int8
+ * activations (kt_acts, plain rows), included by simd_row8_pair.h and row8.c: decode (1-2
+ * rows of activations) on every build with the 8-row kernel, and prefill on those without the
+ * 16-row AVX-512 form (simd_row8_pair.h), that is AVX2.
+ *
+ * A block of 8 rows and 32 columns is 8 loads of 32 bytes; load j holds columns 4j..4j+3 of
+ * each row, against the 4 activation bytes of those columns broadcast to the 8 rows.
+ *
+ * Maths: the codes q are signed; each load flips their top bit, u = q + 128, the unsigned
+ * operand of vpdpbusd / vpmaddubsw, and the group's zero point takes the 128 back:
+ *   acc[i] += s[i, g] * sa[b] * sum_{k in b} u[i, k] * qa[k]      per block
+ *   acc[i] += (mn[i, g] or 0) - 128 * s[i, g]) * gsum[g]           per group
+ * AVX512-VNNI: vpdpbusd straight into int32 (a lane adds 32 products of at most 255 * 128 a
+ * block). Without it, u splits into nibbles, u = 16 uh + ul (the flip leaves the low nibble
+ * alone: uh = (q >> 4 & 15) ^ 8), each summed by vpmaddubsw into int16 over the block's 8
+ * loads: a lane adds 16 products of at most 15 * 128 (activations -128..127, the low half of a
+ * split int16 code included), 30720 < 32767; then one vpmaddwd by 1 (ul) and one by 16 (uh). */
+#ifndef KT_SIMD_ROW8_I8_H
+#define KT_SIMD_ROW8_I8_H
+
+#include "simd_row8.h"
+
+#if defined(KT_ROW8_KERNEL)
+#define KT_ROW8_I8_KERNEL 1
+
+/* I8_TOKENS: tokens a pass over an 8-row group takes (at most ROW8_TOKENS, the arrays' size, as
+ * simd_row8.h's helpers take them). AVX-512 builds run only decode here (1-2); AVX2 prefill
+ * holds, per token, two int16 sums and a float accumulator in its 16 registers. */
+#if defined(__AVX512F__)
+#define I8_TOKENS 2
+#else
+#define I8_TOKENS 4
+#endif
+enum { I8_BLOCK_BYTES = 8 * 32 };
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+/* acc + u . the 4 signed bytes at p in every lane of 8, the broadcast folded into vpdpbusd's
+ * memory operand ({1to8}); GCC 12 does not fold _mm256_set1_epi32 there */
+KT_INLINE __m256i dpbusd_bcast8(__m256i acc, __m256i u, const int8_t *p)
+{
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+    return acc;
+}
+
+/* The int32 dots of one block's 8 rows with TT tokens (q: token 0's block, tokens cols apart),
+ * two chains a token */
+KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, const int8_t *q, int64_t cols,
+                             const int TT)
+{
+    const __m256i top = _mm256_set1_epi8((char)0x80);
+    __m256i hi_dot[ROW8_TOKENS];
+    for (int t = 0; t < TT; t++)
+        dot[t] = hi_dot[t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j += 2) {
+        const __m256i u0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(block + 32 * j)), top);
+        const __m256i u1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(block + 32 * j + 32)), top);
+        for (int t = 0; t < TT; t++) {
+            dot[t] = dpbusd_bcast8(dot[t], u0, q + t * cols + 4 * j);
+            hi_dot[t] = dpbusd_bcast8(hi_dot[t], u1, q + t * cols + 4 * j + 4);
+        }
+    }
+    for (int t = 0; t < TT; t++)
+        dot[t] = _mm256_add_epi32(dot[t], hi_dot[t]);
+}
+#else
+/* The same dots from the nibble sums (header); the empty asm keeps each sum in its register in
+ * this order, as simd_row8.h's block_dots_set does */
+KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, const int8_t *q, int64_t cols,
+                             const int TT)
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(0x08);
+    __m256i lo_sum[ROW8_TOKENS], hi_sum[ROW8_TOKENS];
+    for (int t = 0; t < TT; t++)
+        lo_sum[t] = hi_sum[t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
+        const __m256i ul = _mm256_and_si256(v, low4);
+        const __m256i uh = _mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), low4), eight);
+        for (int t = 0; t < TT; t++) {
+            const __m256i x = broadcast4(q + t * cols + 4 * j);
+            lo_sum[t] = _mm256_add_epi16(lo_sum[t], _mm256_maddubs_epi16(ul, x));
+            hi_sum[t] = _mm256_add_epi16(hi_sum[t], _mm256_maddubs_epi16(uh, x));
+            __asm__("" : "+x"(lo_sum[t]), "+x"(hi_sum[t]));
+        }
+    }
+    for (int t = 0; t < TT; t++)
+        dot[t] = _mm256_add_epi32(_mm256_madd_epi16(lo_sum[t], _mm256_set1_epi16(1)),
+                                  _mm256_madd_epi16(hi_sum[t], _mm256_set1_epi16(16)));
+}
+#endif
+
+/* Rows 8G..8G+7 for tokens t0..t0+TT-1 into out (token t at out[t * ldo], 8 floats), one group
+ * at a time: two groups a register read two streams 8 rows apart, which ran one MoE layer's
+ * decode 0.7x as fast as the row layout on AVX-512; one stream matches it. stream: the first
+ * pass over the group's codes, which prefetches them (later token tiles find them in L1/L2).
+ * As simd_row8.h's row8_group_of: the scale kind a constant, zero points apart. */
+KT_INLINE void row8_i8_group_of(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
+                                int64_t t0, int stream, const int TT, const int kind)
+{
+    const row8_at at = row8_locate(w, G, a, t0);
+    __m256 acc[ROW8_TOKENS], zacc[ROW8_TOKENS];
+    for (int t = 0; t < TT; t++)
+        acc[t] = zacc[t] = _mm256_setzero_ps();
+    for (int64_t g = 0, b = 0; g < at.ng; g++) {
+        const __m256 ws = group_scales8(at.scale, at.scale_base, g, kind);
+        for (int64_t end = b + at.per_group; b < end; b++) {
+            const uint8_t *block = at.codes + b * I8_BLOCK_BYTES;
+            for (int i = 0; stream && i < 4; i++)
+                __builtin_prefetch(block + ROW8_AHEAD + 64 * i);
+            __m256i dot[ROW8_TOKENS];
+            i8_block_dots(dot, block, at.q + b * 32, at.cols, TT);
+            accumulate_block(acc, dot, ws, at.sa + b, at.nb, TT);
+        }
+        __m256 zero_point = _mm256_mul_ps(ws, _mm256_set1_ps(-128.0f));
+        if (at.min)
+            zero_point = _mm256_add_ps(zero_point, group_scales8(at.min, at.min_base, g, kind));
+        for (int t = 0; t < TT; t++)
+            zacc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(at.gsum[t * at.ng + g]), zacc[t]);
+    }
+    for (int t = 0; t < TT; t++)
+        acc[t] = _mm256_add_ps(acc[t], zacc[t]);
+    store_rows8(out, ldo, acc, TT);
+}
+
+KT_INLINE void row8_i8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a, int64_t t0,
+                             int stream, const int TT)
+{
+    switch (w->scale_type) {
+    case KT_SCALE_F16: row8_i8_group_of(out, ldo, w, G, a, t0, stream, TT, KT_SCALE_F16); break;
+    case KT_SCALE_K: row8_i8_group_of(out, ldo, w, G, a, t0, stream, TT, KT_SCALE_K); break;
+    case KT_SCALE_KS: row8_i8_group_of(out, ldo, w, G, a, t0, stream, TT, KT_SCALE_KS); break;
+    default: row8_i8_group_of(out, ldo, w, G, a, t0, stream, TT, KT_SCALE_F32); break;
+    }
+}
+
+/* Tokens [c0, c1) of rows 8G..8G+7, I8_TOKENS at a time */
+KT_INLINE void row8_i8_tokens(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a, int64_t c0,
+                              int64_t c1)
+{
+    for (int64_t t0 = c0; t0 < c1; t0 += I8_TOKENS) {
+        float *o = out + t0 * ldo;
+        const int stream = t0 == c0;
+        switch (c1 - t0 < I8_TOKENS ? c1 - t0 : I8_TOKENS) {
+        case 1: row8_i8_group(o, ldo, w, G, a, t0, stream, 1); break;
+#if I8_TOKENS > 2
+        case 2: row8_i8_group(o, ldo, w, G, a, t0, stream, 2); break;
+        case 3: row8_i8_group(o, ldo, w, G, a, t0, stream, 3); break;
+#endif
+        default: row8_i8_group(o, ldo, w, G, a, t0, stream, I8_TOKENS); break;
+        }
+    }
+}
+
+/* Rows [r0, r1) (multiples of 8) for every token, in chunks of ROW8_CHUNK tokens whose
+ * activations stay in L2 while each 8-row group (8 KB a 1024 columns, in L1 after the chunk's
+ * first tokens) passes over them */
+static inline void row8_rows_i8(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                                const kt_acts *a)
+{
+    for (int64_t c0 = 0; c0 < a->m; c0 += ROW8_CHUNK) {
+        const int64_t c1 = c0 + ROW8_CHUNK < a->m ? c0 + ROW8_CHUNK : a->m;
+        for (int64_t G = r0 / 8; G < r1 / 8; G++)
+            row8_i8_tokens(out + (G * 8 - r0), ldo, w, G, a, c0, c1);
+    }
+}
+
+#endif
+#endif
