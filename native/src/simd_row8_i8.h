@@ -63,8 +63,7 @@ KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, con
         dot[t] = _mm256_add_epi32(dot[t], hi_dot[t]);
 }
 #else
-/* The same dots from the nibble sums (header); the empty asm keeps each sum in its register in
- * this order, as simd_row8.h's block_dots_set does */
+/* The same dots from the nibble sums (header) */
 KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, const int8_t *q, int64_t cols,
                              const int TT)
 {
@@ -78,9 +77,11 @@ KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, con
         const __m256i uh = _mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), low4), eight);
         for (int t = 0; t < TT; t++) {
             const __m256i x = broadcast4(q + t * cols + 4 * j);
-            lo_sum[t] = _mm256_add_epi16(lo_sum[t], _mm256_maddubs_epi16(ul, x));
-            hi_sum[t] = _mm256_add_epi16(hi_sum[t], _mm256_maddubs_epi16(uh, x));
-            __asm__("" : "+x"(lo_sum[t]), "+x"(hi_sum[t]));
+            const __m256i lo = _mm256_maddubs_epi16(ul, x), hi = _mm256_maddubs_epi16(uh, x);
+            /* the adds written out keep each sum in its register in this order, as simd_row8.h's
+             * block_dots_set does with an empty asm, which here left GCC 12 a vmovdqa behind each */
+            __asm__("vpaddw %1, %0, %0" : "+x"(lo_sum[t]) : "x"(lo));
+            __asm__("vpaddw %1, %0, %0" : "+x"(hi_sum[t]) : "x"(hi));
         }
     }
     for (int t = 0; t < TT; t++)
