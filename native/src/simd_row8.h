@@ -235,8 +235,8 @@ KT_INLINE void store_rows8(float *out, int64_t ldo, const __m256 acc[4], const i
 /* row8_group for one scale kind, a constant where it is inlined, so the group loop has no branch
  * on it; zero points go to accumulators of their own, off the blocks' FMA chain, and block b's
  * activations (act_piece(b)) are a pointer stepped 16 and 48 bytes in turn. On AVX2 decode is
- * bound by these instructions, not by memory: a 4096 x 2048 INT4 g32 matrix from L3 ran at
- * 12.8 GB/s on one core of a Zen 3 guest (21 GB/s with g128), under the 2 cores' DRAM rate. */
+ * nearly bound by these instructions: a 4096 x 2048 INT4 g32 matrix from L3 ran at 19-25 GB/s on
+ * one pinned core of a 2-core Zen 3 guest, not far above a core's share of its DRAM (~16 GB/s). */
 KT_INLINE void row8_group_of(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
                              int64_t t0, const int TT, const int kind)
 {
