@@ -4,6 +4,7 @@
 #include "kt_internal.h"
 #include "simd_row8.h"
 #include "simd_row8_i8.h"
+#include "simd_row8_i8w.h"
 #include "simd_row8_pair.h"
 #include "simd_row8_i6.h"
 
@@ -181,11 +182,30 @@ int kt_row8_kernel(void)
 #endif
 }
 
+/* I8 decode on the widened kernel where the build has it (simd_row8_i8w.h): 1 if it ran */
+static int rows_widened(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1, const kt_acts *a)
+{
+#if defined(KT_ROW8_I8W_KERNEL)
+    if (!row8_i8w_takes(w, a))
+        return 0;
+    uint8_t *buf = kt_thread_buffer(KT_BUF_ROW8_SETS, i8w_buffer_bytes(a));
+    if (!buf)
+        return 0;
+    row8_rows_i8w(out, ldo, w, r0, r1, a, buf);
+    return 1;
+#else
+    (void)out, (void)ldo, (void)w, (void)r0, (void)r1, (void)a;
+    return 0;
+#endif
+}
+
 /* Split int16 activations (kt_internal.h): both int8 rows of each token into
  * pairs [2 * tokens, r1 - r0], then each token's output is the sum of its two. */
 void kt_row8_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
                       const kt_acts *acts)
 {
+    if (rows_widened(out, ldo, w, r0, r1, acts))
+        return;
     if (!acts->split && kernel_takes(w, acts)) {
         rows_f32(out, ldo, w, r0, r1, acts, NULL);     /* the decode path: no scratch */
         return;
