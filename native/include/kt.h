@@ -158,7 +158,9 @@ enum kt_row8 { KT_ROW8_ROWS = 8 };
  *                       the AMX tiles, which keep I8 matrices ROW8 cannot hold; with the
  *                       tiles on, amx takes ROW8 INT4 from 24 tokens and I8 from 64 to
  *                       the BF16 tiles through bf16 copies of the rows), on the 8-row
- *                       form on AVX2 (its codes split into nibbles, as below)
+ *                       form on AVX2 (its codes split into nibbles, as below; split int16
+ *                       activations, and 1-2 tokens of int8 ones, on codes widened to int16
+ *                       for vpmaddwd instead)
  *   KT_ROW8_DPBUSD      the 16-row form sums with vpdpbusd (AVX512-VNNI builds); without
  *                       it, vpmaddubsw into int16 (I8: its codes split into nibbles)
  *   KT_ROW8_I6          I6 on its 8-row kernel (every build with KT_ROW8_I4); elsewhere I6
