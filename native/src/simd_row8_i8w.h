@@ -25,8 +25,8 @@
 
 enum { I8W_MAX_TOKENS = 4 };
 
-/* One call's activations as the kernel reads them: TT tokens of int16 rows, their block scales
- * and group sums */
+/* Up to I8W_MAX_TOKENS tokens' activations as the kernel reads them: int16 rows, their block
+ * scales and group sums */
 typedef struct i8w_acts {
     const int16_t *x16[I8W_MAX_TOKENS];
     const float *sa[I8W_MAX_TOKENS], *gsum[I8W_MAX_TOKENS];
@@ -102,32 +102,35 @@ KT_INLINE void row8_i8w_group(float *out, int64_t ldo, const kt_matrix *w, int64
     }
 }
 
-/* Bytes of the buffer row8_rows_i8w widens the activations into */
+/* Tokens widened at once: 64 int16 rows of 2048 columns (256 KB) stay in L2 while the 8-row
+ * groups pass over them */
+enum { I8W_CHUNK = 64 };
+
+/* Bytes of the buffer row8_rows_i8w widens a chunk of tokens into: int16 rows, then group sums */
 static inline size_t i8w_buffer_bytes(const kt_acts *a)
 {
     const int64_t groups = a->cols / a->group;
-    return (size_t)I8W_MAX_TOKENS * (size_t)(a->cols * 2 + groups * 4);
+    return (size_t)I8W_CHUNK * (size_t)(a->cols * 2 + groups * 4);
 }
 
-/* Whether the widened kernel takes a for w: I8 with 1-4 tokens of split pairs, or 1-2 of int8
- * rows. Against the nibble kernel, a 49152 x 2048 Q8_0-like matrix from DRAM on 2 threads of a
+/* Whether the widened kernel takes a for w: I8 with split int16 pairs (any tokens), or 1-2 tokens of
+ * int8 rows. Against the nibble kernel, a 49152 x 2048 Q8_0-like matrix from DRAM on 2 threads of a
  * 2-core Zen 3 ran int16 activations 1.13-1.22x (1 token), 1.2-1.46x (2), 1.6x (3-4) faster,
  * int8 ones 1.0-1.07x (1-2 tokens) but 0.88x at 3-4, where the nibble kernel shares each load
  * among more tokens. */
 static inline int row8_i8w_takes(const kt_matrix *w, const kt_acts *a)
 {
     const int64_t tokens = a->split ? a->m / 2 : a->m;
-    return w->format == KT_I8 && a->q && !a->q16 && !a->float_acts && tokens >= 1 &&
-           tokens <= (a->split ? I8W_MAX_TOKENS : 2);
+    return w->format == KT_I8 && a->q && !a->q16 && !a->float_acts && tokens >= 1 && (a->split || tokens <= 2);
 }
 
-/* Token t's activations widened into buf: its int8 row, or its split pair joined (group sums
+/* Token t of a widened into slot s of buf: its int8 row, or its split pair joined (group sums
  * added for the mins' term) */
-static inline void i8w_widen(i8w_acts *x, uint8_t *buf, const kt_acts *a, int t)
+static inline void i8w_widen(uint8_t *buf, const kt_acts *a, int64_t t, int64_t s)
 {
-    const int64_t cols = a->cols, nb = cols / 32, groups = cols / a->group;
-    int16_t *x16 = (int16_t *)buf + (size_t)t * (size_t)cols;
-    float *gsum = (float *)(buf + (size_t)I8W_MAX_TOKENS * (size_t)cols * 2) + (size_t)t * (size_t)groups;
+    const int64_t cols = a->cols, groups = cols / a->group;
+    int16_t *x16 = (int16_t *)buf + s * cols;
+    float *gsum = (float *)(buf + (size_t)I8W_CHUNK * (size_t)cols * 2) + s * groups;
     const int64_t row = a->split ? 2 * t : t;
     const int8_t *hi = a->q + row * cols;
     if (a->split) {
@@ -141,29 +144,50 @@ static inline void i8w_widen(i8w_acts *x, uint8_t *buf, const kt_acts *a, int t)
             x16[k] = hi[k];
         memcpy(gsum, a->q_group_sum + row * groups, (size_t)groups * sizeof(float));
     }
-    x->x16[t] = x16;
-    x->sa[t] = a->q_scale + (a->split ? row + 1 : row) * nb;
-    x->gsum[t] = gsum;
 }
 
-/* Rows [r0, r1) (multiples of 8) for every token of a (row8_i8w_takes), widened into buf
+/* The kernel's view of tokens t0..t0+TT-1, widened into slots from s0 */
+static inline i8w_acts i8w_view(const uint8_t *buf, const kt_acts *a, int64_t t0, int64_t s0, int TT)
+{
+    const int64_t cols = a->cols, nb = cols / 32, groups = cols / a->group;
+    i8w_acts x;
+    x.tokens = TT;
+    for (int t = 0; t < TT; t++) {
+        x.x16[t] = (const int16_t *)buf + (s0 + t) * cols;
+        x.sa[t] = a->q_scale + (a->split ? 2 * (t0 + t) + 1 : t0 + t) * nb;
+        x.gsum[t] = (const float *)(buf + (size_t)I8W_CHUNK * (size_t)cols * 2) + (s0 + t) * groups;
+    }
+    return x;
+}
+
+/* Rows [r0, r1) (multiples of 8) for tokens [c0, c1) (at most I8W_CHUNK), widened into buf */
+static inline void row8_chunk_i8w(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
+                                  const kt_acts *a, int64_t c0, int64_t c1, uint8_t *buf)
+{
+    for (int64_t t = c0; t < c1; t++)
+        i8w_widen(buf, a, t, t - c0);
+    for (int64_t G = r0 / 8; G < r1 / 8; G++)
+        for (int64_t t0 = c0; t0 < c1; t0 += I8W_MAX_TOKENS) {
+            float *o = out + t0 * ldo + (G * 8 - r0);
+            const int TT = c1 - t0 < I8W_MAX_TOKENS ? (int)(c1 - t0) : I8W_MAX_TOKENS;
+            const i8w_acts x = i8w_view(buf, a, t0, t0 - c0, TT);
+            switch (TT) {
+            case 1: row8_i8w_group(o, ldo, w, G, &x, 1); break;
+            case 2: row8_i8w_group(o, ldo, w, G, &x, 2); break;
+            case 3: row8_i8w_group(o, ldo, w, G, &x, 3); break;
+            default: row8_i8w_group(o, ldo, w, G, &x, 4); break;
+            }
+        }
+}
+
+/* Rows [r0, r1) for every token of a (row8_i8w_takes), in chunks of I8W_CHUNK widened into buf
  * (i8w_buffer_bytes) */
 static inline void row8_rows_i8w(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
                                  const kt_acts *a, uint8_t *buf)
 {
-    i8w_acts x;
-    x.tokens = (int)(a->split ? a->m / 2 : a->m);
-    for (int t = 0; t < x.tokens; t++)
-        i8w_widen(&x, buf, a, t);
-    for (int64_t G = r0 / 8; G < r1 / 8; G++) {
-        float *o = out + (G * 8 - r0);
-        switch (x.tokens) {
-        case 1: row8_i8w_group(o, ldo, w, G, &x, 1); break;
-        case 2: row8_i8w_group(o, ldo, w, G, &x, 2); break;
-        case 3: row8_i8w_group(o, ldo, w, G, &x, 3); break;
-        default: row8_i8w_group(o, ldo, w, G, &x, 4); break;
-        }
-    }
+    const int64_t m = a->split ? a->m / 2 : a->m;
+    for (int64_t c0 = 0; c0 < m; c0 += I8W_CHUNK)
+        row8_chunk_i8w(out, ldo, w, r0, r1, a, c0, c0 + I8W_CHUNK < m ? c0 + I8W_CHUNK : m, buf);
 }
 
 #endif
