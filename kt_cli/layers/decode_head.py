@@ -56,7 +56,7 @@ class DecodeHead:
         logits = torch.empty(n, self.vocab, dtype=torch.float32)
         tokens = torch.empty(n, dtype=torch.int64) if argmax else None
         lm = self.lm_head
-        self.desc.acts = lm.kernel.kinds[dense_acts(n, lm.decode_acts, lm.prefill_acts)]
+        self.desc.acts = lm.kernel.kinds[dense_acts(n, lm.decode_acts, lm.prefill_acts, lm.int16_until)]
         cast = self.ffi.cast
         rc = self.lib.kt_decode_head_f32(
             self.pool.handle, self.desc, cast("const float *", h.data_ptr()), n,

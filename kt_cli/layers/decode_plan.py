@@ -110,17 +110,19 @@ def _linear_ok(linear, biased: bool = False) -> bool:
 ACTS_PRECISION = ("int8", "int16", "f32")
 
 
-def _layer_acts(layer, dense: bool) -> str:
+def _layer_acts(layer, dense: bool) -> tuple[str, int]:
     """A kt_decode_layer gives all its projections one kind of activations: the most precise
     any of them takes (f32 > int16 > int8; Q4_K_M files keep some v and down projections in
-    Q6_K, an I8 format). The modules are set to the same, so both paths compute the same."""
+    Q6_K, an I8 format), up to the fewest tokens any of them keeps it for (Linear.int16_until).
+    The modules are set to the same, so both paths compute the same. -> (acts, until)"""
     linears = [*layer.attn.qkv.linears, layer.attn.o_proj]
     if dense:
         linears += [layer.mlp.gate_up.linears[0], layer.mlp.down]
     acts = max((linear.decode_acts for linear in linears), key=ACTS_PRECISION.index)
+    until = min(linear.int16_until for linear in linears)
     for linear in linears:
-        linear.decode_acts = acts
-    return acts
+        linear.decode_acts, linear.int16_until = acts, until
+    return acts, until
 
 
 def _joined_bias(linears: list) -> torch.Tensor | None:
@@ -143,7 +145,7 @@ class DecodePlan:
         self.desc = self._describe(layer, dense)
         self.moe = None if dense else moe_plan_for(layer.mlp, layer.post_norm)
         self.acts_kinds = attn.o_proj.kernel.kinds      # dense_acts() name -> kt_acts_kind
-        self.decode_acts = _layer_acts(layer, dense)
+        self.decode_acts, self.int16_until = _layer_acts(layer, dense)
         self.checked_caches = None
         self.scratch_floats = {}
 
@@ -182,7 +184,7 @@ class DecodePlan:
         floats = self.scratch_floats.get(n) or self.scratch_floats.setdefault(
             n, self.lib.kt_decode_scratch_floats(self.desc, n))
         scratch = self.ws.scratch_for(floats)
-        self.desc.acts = self.acts_kinds[dense_acts(n, self.decode_acts)]
+        self.desc.acts = self.acts_kinds[dense_acts(n, self.decode_acts, until=self.int16_until)]
         out = torch.empty_like(h)
         cast = self.ffi.cast
         rc = self.lib.kt_decode_layer_f32(

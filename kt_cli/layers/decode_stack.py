@@ -53,7 +53,7 @@ class DecodeStack:
         self._bind_caches(ctx)
         if n != self.acts_rows:
             for plan in self.plans:
-                plan.desc.acts = plan.acts_kinds[dense_acts(n, plan.decode_acts)]
+                plan.desc.acts = plan.acts_kinds[dense_acts(n, plan.decode_acts, until=plan.int16_until)]
             self.acts_rows = n
         floats = self.scratch_floats.get(n) or self.scratch_floats.setdefault(
             n, self.lib.kt_decode_stack_scratch_floats(self.layers, len(self.plans), n))

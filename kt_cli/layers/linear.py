@@ -52,15 +52,16 @@ def decode_acts(fmt: Format) -> str:
     return {Format.I8: "int16", Format.I4: "int8"}.get(fmt, "f32")
 
 
-def dense_acts(m: int, decode: str, prefill: str = "f32") -> str:
+def dense_acts(m: int, decode: str, prefill: str = "f32", until: int = GEMM_MIN_TOKENS) -> str:
     """-> the activations for m tokens of a layer whose decode activations are `decode`: those
-    below GEMM_MIN_TOKENS, `prefill` from there: float32 (the GEMM reuses each dequantized weight
+    below `until` (GEMM_MIN_TOKENS; ops.int16_until raises it where int16 beats the GEMM further),
+    `prefill` from there: float32 (the GEMM reuses each dequantized weight
     panel) unless ops.prefill_acts gives the matrix int16. int8 activations for INT4 weights in
     prefill ran the avx2 8-row kernel 1.3-1.4x faster than the GEMM, but moved SmolLM2's logits
     1.2 from llama.cpp's (test_models_smollm2_gguf allows 0.75) and flipped its France answer:
     prefill stays within int16's rounding of float32, or, on pools with AMX tiles, bf16's
     (ops.prefill_acts "bf16"), 5.8x faster there; MoE layers' q/k/v take int8 (int8_prefill_fits)."""
-    return decode if m < GEMM_MIN_TOKENS else prefill
+    return decode if m < until else prefill
 
 
 def int8_prefill_fits(linear: "Linear") -> bool:
@@ -86,6 +87,7 @@ class Linear(torch.nn.Module):
         self.qweight = ops.decode_layout(weight) if target.on_cpu else None
         self.decode_acts = decode_acts(weight.format)      # a decode plan may raise it to its layer's
         self.prefill_acts = ops.prefill_acts(self.qweight) if target.on_cpu else "f32"
+        self.int16_until = ops.int16_until(self.qweight) if target.on_cpu else GEMM_MIN_TOKENS
         self.kernel = ops.BoundLinear(ops.pool(), self.qweight) if target.on_cpu else None
         if target.on_cpu:       # decode streams these every token, as it does the experts
             hugepages.collapse(self.qweight.tensors())
@@ -99,7 +101,8 @@ class Linear(torch.nn.Module):
         flat = x.reshape(-1, self.cols)
         if flat.dtype != torch.float32:
             flat = flat.float()
-        y = self.kernel(flat.contiguous(), dense_acts(flat.shape[0], self.decode_acts, self.prefill_acts))
+        y = self.kernel(flat.contiguous(),
+                        dense_acts(flat.shape[0], self.decode_acts, self.prefill_acts, self.int16_until))
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
         if x.dim() != 2:

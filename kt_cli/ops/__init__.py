@@ -7,6 +7,7 @@ API (implemented in this package's modules):
   kernel_layout(w: QMatrix) -> QMatrix    w tiled for the kernels where its shape allows (load time)
   decode_layout(w: QMatrix) -> QMatrix    I4 (I8) in row8 where the kernels take it, else kernel_layout (load time)
   prefill_acts(w: QMatrix) -> str         the activations a dense layer gives w from GEMM_MIN_TOKENS tokens
+  int16_until(w: QMatrix) -> int          the token count from which a dense layer stops giving w int16
   BoundLinear(pool, w)(x, acts="int8")    linear() with w's native descriptor built once (per-token layers)
   row_lookup(w: QMatrix)(ids [n] int64)   -> rows of w [n, cols] f32 (row or tiled layout; embeddings)
   quantize(w [rows, cols] f32, fmt, group, symmetric=True) -> QMatrix   (native, all threads)
@@ -45,7 +46,7 @@ from . import rope as _rope
 from . import route as _route
 from .attention import Contexts
 from .ffi_args import OpError
-from .linear import BoundLinear, decode_layout, kernel_layout, prefill_acts
+from .linear import BoundLinear, decode_layout, int16_until, kernel_layout, prefill_acts
 from .pool import Pool
 from .rows import RowLookup
 

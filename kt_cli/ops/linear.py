@@ -121,6 +121,22 @@ def prefill_acts(w: QMatrix, pool: Pool | None = None) -> str:
     return "bf16" if pool.amx_tiles else "int16"
 
 
+# from this many tokens dense layers give ROW8 I8 matrices the float GEMM on builds with the widened
+# kernel (kt.h KT_ROW8_I8_WIDE), not int16: 2 threads of a 2-core Zen 3, hot 4096 x 2048,
+# 2048 x 4096 and 1536 x 2048 Q8_0-like matrices, int16 against the GEMM: 53-68 vs 28-44 GMAC/s at
+# 16 tokens, 54-68 vs 45-59 at 32, 54-70 vs 52-66 at 48, about even at 64
+WIDE_INT16_UNTIL = 48
+
+
+def int16_until(w: QMatrix, pool: Pool | None = None) -> int:
+    """The token count from which a dense layer stops giving w its decode activations (int16 for
+    8-bit codes, kt_cli.layers.linear.decode_acts) for the prefill ones: WIDE_INT16_UNTIL for a
+    ROW8 I8 matrix on a build that widens its codes (KT_ROW8_I8_WIDE, AVX2), else GEMM_MIN_TOKENS."""
+    lib = (pool if pool is not None else _default_pool()).kernels.lib
+    wide = w.format == Format.I8 and w.row8 and lib.kt_row8_kernel() & lib.KT_ROW8_I8_WIDE
+    return WIDE_INT16_UNTIL if wide else GEMM_MIN_TOKENS
+
+
 def _default_pool() -> Pool:
     from . import default
     return default().pool

@@ -164,8 +164,11 @@ enum kt_row8 { KT_ROW8_ROWS = 8 };
  *   KT_ROW8_DPBUSD      the 16-row form sums with vpdpbusd (AVX512-VNNI builds); without
  *                       it, vpmaddubsw into int16 (I8: its codes split into nibbles)
  *   KT_ROW8_I6          I6 on its 8-row kernel (every build with KT_ROW8_I4); elsewhere I6
- *                       rows are copied as I8 rows (codes q - 32, or q with mins) */
-enum kt_row8_kernels { KT_ROW8_I4 = 1, KT_ROW8_I4_PREFILL = 2, KT_ROW8_I8 = 4, KT_ROW8_DPBUSD = 8, KT_ROW8_I6 = 16 };
+ *                       rows are copied as I8 rows (codes q - 32, or q with mins)
+ *   KT_ROW8_I8_WIDE     I8 with int16 activations on codes widened to int16 (AVX2): faster
+ *                       than the float GEMM up to ~48 tokens, so dense layers keep int16 there */
+enum kt_row8_kernels { KT_ROW8_I4 = 1, KT_ROW8_I4_PREFILL = 2, KT_ROW8_I8 = 4, KT_ROW8_DPBUSD = 8, KT_ROW8_I6 = 16,
+                       KT_ROW8_I8_WIDE = 32 };
 int kt_row8_kernel(void);
 enum kt_tile { KT_TILE_ROWS = 4, KT_TILE_CHUNK = 64 };
 

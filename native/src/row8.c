@@ -175,6 +175,8 @@ int kt_row8_kernel(void)
     return KT_ROW8_I4 | KT_ROW8_I4_PREFILL | KT_ROW8_I8 | KT_ROW8_DPBUSD | KT_ROW8_I6;
 #elif defined(KT_ROW8_PAIR_KERNEL)
     return KT_ROW8_I4 | KT_ROW8_I4_PREFILL | KT_ROW8_I8 | KT_ROW8_I6;
+#elif defined(KT_ROW8_I8W_KERNEL)
+    return KT_ROW8_I4 | KT_ROW8_I8 | KT_ROW8_I6 | KT_ROW8_I8_WIDE;
 #elif defined(KT_ROW8_KERNEL)
     return KT_ROW8_I4 | KT_ROW8_I8 | KT_ROW8_I6;
 #else

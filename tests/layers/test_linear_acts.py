@@ -1,6 +1,7 @@
 """Which activations dense layers give quantized weights (kt_cli.layers.linear decode_acts,
 dense_acts): in decode int8 against 4-bit codes, int16 against 8-bit ones; from
-GEMM_MIN_TOKENS tokens float32, or int16 where the build's 8-row kernel runs the matrix in its
+GEMM_MIN_TOKENS tokens (ROW8 I8 on builds that widen its codes: ops.WIDE_INT16_UNTIL) float32,
+or int16 where the build's 8-row kernel runs the matrix in its
 VNNI 16-row form, bf16 there on pools with AMX tiles (ops.prefill_acts); checked on the output
 against fp64 references of each choice.
 A decode plan gives its whole layer one kind (int16 if any projection takes it), and
@@ -80,13 +81,13 @@ def test_prefill_takes_int16_where_the_16_row_kernel_is(fmt, form):
     96 rows: all on the tiles), within f32 rounding of the bf16 reference and within bf16's
     rounding (2^-9 of x and of each weight) of the exact one."""
     linear, w = layer_of(fmt)
-    x = torch.randn(GEMM_MIN_TOKENS + 3, w.shape[1], generator=torch.Generator().manual_seed(5))
+    x = torch.randn(linear.int16_until + 3, w.shape[1], generator=torch.Generator().manual_seed(5))
     lib = ops.pool().kernels.lib
     vnni_form = bool(lib.kt_row8_kernel() & lib.KT_ROW8_DPBUSD)     # the AVX512BW-only form keeps the GEMM
     has_form = linear.qweight.row8 and vnni_form and bool(lib.kt_row8_kernel() & getattr(lib, form))
     tiles = has_form and ops.pool().amx_tiles
     assert linear.prefill_acts == ("bf16" if tiles else "int16" if has_form else "f32")
-    assert dense_acts(x.shape[0], linear.decode_acts, linear.prefill_acts) == linear.prefill_acts
+    assert dense_acts(x.shape[0], linear.decode_acts, linear.prefill_acts, linear.int16_until) == linear.prefill_acts
     if tiles:
         assert rel_err(linear(x), *tiles_reference(x, weight_of(fmt))) < 1e-6
         assert rel_err(linear(x), x, w) < 3e-3
@@ -119,14 +120,37 @@ def parts(layer) -> list[Linear]:
 
 def test_a_layer_takes_one_kind_of_activations():
     """Q4_K_M keeps some down projections in Q6_K (I8): the whole layer then takes int16,
-    modules included; an MoE layer's plan covers only its attention projections."""
+    modules included, up to the fewest tokens any projection keeps it for; an MoE layer's plan
+    covers only its attention projections."""
     mixed = fake_layer(Format.I4, Format.I4, Format.I4, Format.I8)
-    assert _layer_acts(mixed, dense=True) == "int16"
-    assert [p.decode_acts for p in parts(mixed)] == ["int16"] * 4
+    assert _layer_acts(mixed, dense=True) == ("int16", GEMM_MIN_TOKENS)
+    assert [(p.decode_acts, p.int16_until) for p in parts(mixed)] == [("int16", GEMM_MIN_TOKENS)] * 4
     plain = fake_layer(Format.I4, Format.I4, Format.I4, Format.I4)
-    assert _layer_acts(plain, dense=True) == "int8"
+    assert _layer_acts(plain, dense=True) == ("int8", GEMM_MIN_TOKENS)
     floats = fake_layer(Format.BF16, Format.I4, Format.I4, Format.I4)
-    assert _layer_acts(floats, dense=True) == "f32"
+    assert _layer_acts(floats, dense=True)[0] == "f32"
     moe = fake_layer(Format.I4, Format.I4, Format.I8, Format.I8)
-    assert _layer_acts(moe, dense=False) == "int8"
+    assert _layer_acts(moe, dense=False) == ("int8", GEMM_MIN_TOKENS)
     assert [p.decode_acts for p in parts(moe)] == ["int8", "int8", "int16", "int16"]
+    eight_bit = fake_layer(Format.I8, Format.I8, Format.I8, Format.I8)
+    until = parts(eight_bit)[0].int16_until
+    assert _layer_acts(eight_bit, dense=True) == ("int16", until)
+
+
+def test_i8_keeps_int16_up_to_its_int16_until():
+    """On builds that widen I8 codes for int16 activations (kt.h KT_ROW8_I8_WIDE: avx2), a ROW8
+    I8 layer keeps int16 (split pairs, SPLIT_MAX levels) up to ops.WIDE_INT16_UNTIL tokens, where
+    it beats the float GEMM, and takes float32 from there; every other build switches at
+    GEMM_MIN_TOKENS. Checked on the output against each choice's fp64 reference."""
+    linear, w = layer_of(Format.I8)
+    lib = ops.pool().kernels.lib
+    wide = linear.qweight.row8 and bool(lib.kt_row8_kernel() & lib.KT_ROW8_I8_WIDE)
+    assert linear.int16_until == (48 if wide else GEMM_MIN_TOKENS)
+    for m in (GEMM_MIN_TOKENS, linear.int16_until - 1, linear.int16_until):
+        x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
+        int16 = m < linear.int16_until
+        assert dense_acts(m, linear.decode_acts, linear.prefill_acts, linear.int16_until) == (
+            "int16" if int16 else linear.prefill_acts)
+        if linear.prefill_acts == "f32" or int16:
+            reference = acts_reference(x, SPLIT_MAX if linear.qweight.row8 else 32767) if int16 else x
+            assert rel_err(linear(x), reference, w) < 1e-6
