@@ -1,5 +1,5 @@
-/* simd_row8_i8w.h: decode (1-4 tokens) of I8 weights in KT_LAYOUT_ROW8 on AVX2 with the codes
- * widened to int16, included by row8.c.
+/* simd_row8_i8w.h: I8 weights in KT_LAYOUT_ROW8 against int16 activations (and 1-2 tokens of int8
+ * ones) on AVX2, with the codes widened to int16; included by row8.c.
  *
  * The 8-row I8 kernel (simd_row8_i8.h) splits every load of codes into nibbles for vpmaddubsw and
  * runs int16 activations (the dense layers' decode) as two int8 rows, twice its work. Here each
@@ -30,7 +30,6 @@ enum { I8W_MAX_TOKENS = 4 };
 typedef struct i8w_acts {
     const int16_t *x16[I8W_MAX_TOKENS];
     const float *sa[I8W_MAX_TOKENS], *gsum[I8W_MAX_TOKENS];
-    int tokens;
 } i8w_acts;
 
 KT_INLINE __m256i bcast8_i16(const int16_t *p)
@@ -151,7 +150,6 @@ static inline i8w_acts i8w_view(const uint8_t *buf, const kt_acts *a, int64_t t0
 {
     const int64_t cols = a->cols, nb = cols / 32, groups = cols / a->group;
     i8w_acts x;
-    x.tokens = TT;
     for (int t = 0; t < TT; t++) {
         x.x16[t] = (const int16_t *)buf + (s0 + t) * cols;
         x.sa[t] = a->q_scale + (a->split ? 2 * (t0 + t) + 1 : t0 + t) * nb;
