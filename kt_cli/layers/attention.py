@@ -119,9 +119,10 @@ class GQAAttention(torch.nn.Module):
         self.scale = head_dim ** -0.5
 
     def int8_prefill(self) -> None:
-        """q/k/v take int8 activations in prefill where their weights allow (int8_prefill_fits):
-        asked by MoE layers, whose experts prefill on int8 activations already"""
-        for linear in self.qkv.linears:
+        """q/k/v and o_proj take int8 activations in prefill where their weights allow
+        (int8_prefill_fits), as they do in decode: asked by MoE layers, whose experts prefill on
+        int8 activations already"""
+        for linear in (*self.qkv.linears, self.o_proj):
             if int8_prefill_fits(linear):
                 linear.prefill_acts = "int8"
 

@@ -60,17 +60,19 @@ def dense_acts(m: int, decode: str, prefill: str = "f32", until: int = GEMM_MIN_
     prefill ran the avx2 8-row kernel 1.3-1.4x faster than the GEMM, but moved SmolLM2's logits
     1.2 from llama.cpp's (test_models_smollm2_gguf allows 0.75) and flipped its France answer:
     prefill stays within int16's rounding of float32, or, on pools with AMX tiles, bf16's
-    (ops.prefill_acts "bf16"), 5.8x faster there; MoE layers' q/k/v take int8 (int8_prefill_fits)."""
+    (ops.prefill_acts "bf16"), 5.8x faster there; MoE layers' q/k/v and o_proj take int8 (int8_prefill_fits)."""
     return decode if m < until else prefill
 
 
 def int8_prefill_fits(linear: "Linear") -> bool:
     """Whether linear may take int8 activations in prefill too, as it does in decode: INT4 weights
     (decode_acts' rule: int8 adds ~1/17 of their own error) on the build's 8-row kernel, and not
-    where the AMX tiles take them in bf16 (faster there). Asked for the q/k/v projections of MoE
-    layers (GQAAttention.int8_prefill), whose experts, most of the model, prefill on int8
-    activations already: the scaled Qwen3-MoE Q4_0 prefilled 1.14x faster (pp512, in-process A/B,
-    2-core Zen 4). Dense models keep int16 throughout: on SmolLM2 Q4_1, int8 q/k/v moved
+    where the AMX tiles take them in bf16 (faster there). Asked for the q/k/v and o_proj
+    projections of MoE layers (GQAAttention.int8_prefill), whose experts, most of the model,
+    prefill on int8 activations already: the scaled Qwen3-MoE Q4_0 prefilled 1.14x faster with
+    int8 q/k/v (pp512, in-process A/B, 2-core Zen 4), and ~1.06x faster again with int8 o_proj
+    (2-core Zen 3), whose mean logit cosine to the source on the tiny qwen3_moe_256 int4 moved
+    0.951894 -> 0.951792. Dense models keep int16 throughout: on SmolLM2 Q4_1, int8 q/k/v moved
     perplexity 7.1804 -> 7.2067 (llama.cpp, int8 everywhere: 7.2081), its largest logit gap to
     llama.cpp 0.56 -> 0.69 (test bound 0.75), and its answer to "What is the capital of France?"
     from "Paris" to llama.cpp's own French list."""

@@ -77,20 +77,25 @@ def test_kt_format_logits_match_the_source(kind, to, tmp_path, tmp_path_factory)
     assert summary.units == json.loads((src / "config.json").read_text())["num_hidden_layers"] + 1
 
 
-@pytest.mark.parametrize("kind,moe", [("qwen3_moe", True), ("llama", False)])
-def test_moe_layers_prefill_q_k_v_on_int8(kind, moe, tmp_path, tmp_path_factory):
-    """INT4 q/k/v of MoE layers take int8 activations in prefill, as their experts do, where the
-    8-row kernel runs them (not on AMX tiles, which take bf16); o_proj, and every projection of
-    a dense model, keep the build's choice (int16 pairs or float32)"""
-    src, _ = tiny(kind, tmp_path_factory)
+@pytest.mark.parametrize("kind,moe", [("qwen3_moe_256", True), ("llama", False)])
+def test_moe_layers_prefill_attention_projections_on_int8(kind, moe, tmp_path, tmp_path_factory):
+    """INT4 q/k/v and o_proj of MoE layers take int8 activations in prefill, as their experts
+    (and they themselves in decode) do, where the 8-row kernel runs them (not on AMX tiles,
+    which take bf16); every projection of a dense model keeps the build's choice (int16 pairs
+    or float32). The MoE model's logits stay within int4's bounds of the source's."""
+    src, ref = tiny(kind, tmp_path_factory)
     convert(ConvertOptions(str(src), tmp_path / "out", "int4", group_size=32))
     with open_checkpoint(tmp_path / "out") as ckpt:
         model = build_model(ckpt, ModelOptions())
     lib, pool = ops.default().kernels.lib, ops.pool()
     expect_int8 = moe and bool(lib.kt_row8_kernel() & lib.KT_ROW8_I4) and not pool.amx_tiles
-    qkv = {linear.prefill_acts for layer in model.layers for linear in layer.attn.qkv.linears}
-    assert qkv == {"int8"} if expect_int8 else "int8" not in qkv
-    assert all(layer.attn.o_proj.prefill_acts != "int8" for layer in model.layers)
+    for layer in model.layers:
+        for linear in (*layer.attn.qkv.linears, layer.attn.o_proj):
+            on_row8 = linear.qweight.row8
+            assert (linear.prefill_acts == "int8") == (expect_int8 and on_row8), (kind, linear.prefill_acts)
+    if expect_int8:
+        assert all(layer.attn.o_proj.qweight.row8 for layer in model.layers)
+        check(PagedDriver(model).step(PROMPTS), ref, "int4", kind)
 
 
 # llama is covered by llama_tied below: kt's GGUF reader does not turn rope_freqs back into
