@@ -1,7 +1,7 @@
 """The attention-side kernels against the torch code they replace, in one run:
 - decode attention over the paged cache: kt_attention_decode_f32 vs torch's bmm + softmax
   + bmm, on a view of the cache when the slots are in order, on a gathered copy when not;
-- prefill SDPA on 4-D vs 3-D inputs;
+- prefill attention: kt_attention_decode_f32 on the rows' causal contexts vs torch's SDPA;
 - rotary embedding: kt_rope_f32 in place vs torch's expression.
 Prints us per call (median of 5 rounds) and the ratio.
 
@@ -59,25 +59,29 @@ def decode_rows(args) -> None:
         for name, slots, gather in (("in order", torch.arange(n), lambda t: t[:n]),
                                     ("scattered", scattered, lambda t: t.index_select(0, scattered))):
             contexts = ops.Contexts.of([slots])
-            kt = microseconds(lambda: ops.decode_attention(q, k, v, contexts, scale), repeats)
+            kt = microseconds(lambda: ops.paged_attention(q, k, v, contexts, scale), repeats)
             ref = microseconds(lambda: _attend_one_query(q, gather(k), gather(v), scale), repeats)
             row(f"decode attention, {n} {name}", kt, ref)
 
 
 def prefill_rows(args) -> None:
-    n = args.prefill
+    """A prompt's n rows at once (causal), then n more rows after it (each sees the first
+    chunk whole): kt_attention_decode_f32 on the rows' contexts vs torch's SDPA on 4-D inputs
+    (its flash kernel; is_causal where there is no earlier context, a mask where there is)"""
+    n, scale = args.prefill, args.dim ** -0.5
+    k, v = torch.randn(2 * n, args.kv_heads, args.dim), torch.randn(2 * n, args.kv_heads, args.dim)
     q = torch.randn(n, args.heads, args.dim)
-    k, v = torch.randn(n, args.kv_heads, args.dim), torch.randn(n, args.kv_heads, args.dim)
-    mask = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
-    gqa = args.heads != args.kv_heads
+    for past in (0, n):
+        length = past + n
+        contexts = ops.Contexts.causal([torch.arange(length)], [slice(0, n)], n)
+        mask = None if past == 0 else torch.arange(length)[None, :] <= torch.arange(past, length)[:, None]
 
-    def sdpa(batched: bool):
-        a, b, c = (t.transpose(0, 1) for t in (q, k, v))
-        if batched:
-            a, b, c = a[None], b[None], c[None]
-        return F.scaled_dot_product_attention(a, b, c, attn_mask=mask, scale=args.dim ** -0.5, enable_gqa=gqa)
-    row(f"prefill SDPA 4-D vs 3-D, {n} tokens", microseconds(lambda: sdpa(True), 3),
-        microseconds(lambda: sdpa(False), 3))
+        def sdpa():
+            a, b, c = (t.transpose(0, 1)[None] for t in (q, k[:length], v[:length]))
+            return F.scaled_dot_product_attention(a, b, c, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                                  enable_gqa=args.heads != args.kv_heads)
+        kt = microseconds(lambda: ops.paged_attention(q, k, v, contexts, scale), 3)
+        row(f"prefill attention, {n} after {past}", kt, microseconds(sdpa, 3))
 
 
 def rope_rows(args) -> None:

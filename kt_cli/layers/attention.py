@@ -42,17 +42,22 @@ class AttentionContext:
         return cls(batch.kv, batch.slot_mapping.to(device), seqs, rotary.tables(batch.positions, dtype, end))
 
     @cached_property
+    def rows(self) -> ops.Contexts | None:
+        """The native attention kernel's contexts for every new row when the cache is on the
+        CPU, else None; built on first use (MLA layers never ask)."""
+        return _row_contexts(self.seqs, self.slot_mapping.device, self.slot_mapping.numel())
+
+    @cached_property
     def decode(self) -> ops.Contexts | None:
-        """The native decode kernel's contexts when every sequence has one new token and the
-        cache is on the CPU, else None; built on first use (MLA layers never ask)."""
-        return _decode_contexts(self.seqs, self.slot_mapping.device)
+        """rows when every sequence has one new token (a decode step), else None"""
+        return self.rows if all(seq.rows.stop - seq.rows.start == 1 for seq in self.seqs) else None
 
 
-def _decode_contexts(seqs: list[SeqView], device: torch.device) -> ops.Contexts | None:
-    if device.type != "cpu" or any(seq.rows.stop - seq.rows.start != 1 for seq in seqs):
+def _row_contexts(seqs: list[SeqView], device: torch.device, n: int) -> ops.Contexts | None:
+    if device.type != "cpu" or not seqs:
         return None
-    return ops.Contexts.of([torch.arange(s.slots.start, s.slots.stop) if isinstance(s.slots, slice) else s.slots
-                            for s in seqs])
+    slots = [torch.arange(s.slots.start, s.slots.stop) if isinstance(s.slots, slice) else s.slots for s in seqs]
+    return ops.Contexts.causal(slots, [s.rows for s in seqs], n)
 
 
 def _seq_view(batch: ForwardBatch, i: int, device: torch.device) -> SeqView:
@@ -148,8 +153,8 @@ class GQAAttention(torch.nn.Module):
     def _attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 ctx: AttentionContext) -> torch.Tensor:
         """q [N, H, D] -> [N, H, D], each sequence over its own cached context"""
-        if ctx.decode is not None and q.dtype == k_cache.dtype == torch.float32:
-            return ops.decode_attention(q.contiguous(), k_cache, v_cache, ctx.decode, self.scale)
+        if q.dtype == k_cache.dtype == torch.float32 and ctx.rows is not None:
+            return ops.paged_attention(q.contiguous(), k_cache, v_cache, ctx.rows, self.scale)
         def one(seq: SeqView, q_seq: torch.Tensor) -> torch.Tensor:
             keys, values = read_cache(k_cache, seq.slots, q.dtype), read_cache(v_cache, seq.slots, q.dtype)
             return attend(q_seq, keys, values, seq.mask, self.scale, seq.causal)

@@ -15,8 +15,9 @@ API (implemented in this package's modules):
   membw_read_gbps(n_bytes, repeats)       -> float
   rms_norm(x [..., D] f32, w [D] or [H, D], eps) -> like x   (single-threaded, decode-sized)
   softmax_topk(logits [T, E] f32, k, normalize, counts=None) -> (weights [T, k] f32, ids [T, k] int32)
-  decode_attention(q [n, H, D], k_cache [R, Hkv, D], v_cache [R, Hkv, Dv], Contexts, scale) -> [n, H, Dv]
-      one query row per token, each over its own paged context (Contexts.of([slots per row]))
+  paged_attention(q [n, H, D], k_cache [R, Hkv, D], v_cache [R, Hkv, Dv], Contexts, scale) -> [n, H, Dv]
+      one query row per token, each over its own paged context (Contexts.of([slots per row]), or
+      Contexts.causal(...) for sequences' new rows: decode and prefill)
   rope_(x [n, heads, dim] f32, cos, sin [n, 1, dim], interleaved) -> x rotated in place
   MoEExperts(gate, up, down, activation="silu", clamp_limit=0.0, alpha=1.0)
       .forward(x [T, H] f32, ids [T, K] int32, weights [T, K] f32) -> [T, H] f32
@@ -81,9 +82,9 @@ class Ops:
                      counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return _route.softmax_topk(self.kernels, logits, k, normalize, counts)
 
-    def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          contexts: Contexts, scale: float) -> torch.Tensor:
-        return _attention.decode_attention(self.pool, q, k_cache, v_cache, contexts, scale)
+        return _attention.paged_attention(self.pool, q, k_cache, v_cache, contexts, scale)
 
     def rope_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
         return _rope.rope_(self.pool, x, cos, sin, interleaved)
@@ -127,9 +128,9 @@ def softmax_topk(logits: torch.Tensor, k: int, normalize: bool,
     return default().softmax_topk(logits, k, normalize, counts)
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contexts: Contexts,
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contexts: Contexts,
                      scale: float) -> torch.Tensor:
-    return default().decode_attention(q, k_cache, v_cache, contexts, scale)
+    return default().paged_attention(q, k_cache, v_cache, contexts, scale)
 
 
 def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -137,4 +138,4 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bo
 
 
 __all__ = ["Ops", "OpError", "Pool", "default", "pool", "linear", "quantize", "quantize_rows_i8",
-           "membw_read_gbps", "rms_norm", "softmax_topk", "decode_attention", "Contexts", "rope_"]
+           "membw_read_gbps", "rms_norm", "softmax_topk", "paged_attention", "Contexts", "rope_"]

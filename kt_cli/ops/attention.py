@@ -1,6 +1,7 @@
-"""Decode attention on the native kernel (kt.h kt_attention_decode_f32): every decode
-row of a step attends over its paged context in one C call, in place of a gather,
-two batched matmuls and a softmax per sequence."""
+"""Attention over the paged cache on the native kernel (kt.h kt_attention_decode_f32):
+every query row of a step, decode or prefill, attends over its paged context in one C
+call, in place of a gather, two batched matmuls and a softmax per sequence (decode), or
+a gather and torch's SDPA per sequence (prefill)."""
 
 from dataclasses import dataclass
 
@@ -29,6 +30,20 @@ class Contexts:
               f"{self.offset.numel()} context offsets for {self.length.numel()} lengths")
 
     @classmethod
+    def causal(cls, slots: list[torch.Tensor], rows: list[slice], n: int) -> "Contexts":
+        """Sequence s owns query rows rows[s] of n, its last positions, over its cache slots
+        slots[s] (positions 0..L-1): its new row j of k reads the first L - k + 1 + j slots."""
+        offset, length = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
+        start = 0
+        for seq_slots, seq_rows in zip(slots, rows):
+            k, total = seq_rows.stop - seq_rows.start, int(seq_slots.numel())
+            check(0 < k <= total, f"a sequence with {k} new rows in a context of {total}")
+            offset[seq_rows] = start
+            length[seq_rows] = torch.arange(total - k + 1, total + 1)
+            start += total
+        return cls(torch.cat(slots).to(torch.int64).contiguous(), offset, length)
+
+    @classmethod
     def of(cls, per_row: list[torch.Tensor]) -> "Contexts":
         lengths = [int(s.numel()) for s in per_row]
         offsets = [0]
@@ -38,7 +53,7 @@ class Contexts:
                    torch.tensor(lengths, dtype=torch.int64))
 
 
-def decode_attention(pool: Pool, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def paged_attention(pool: Pool, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      contexts: Contexts, scale: float) -> torch.Tensor:
     """q [n, H, D], k_cache [R, Hkv, D], v_cache [R, Hkv, Dv], all float32 -> [n, H, Dv]"""
     _check(q, k_cache, v_cache, contexts, scale)

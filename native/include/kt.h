@@ -252,12 +252,14 @@ int kt_route_softmax_topk(const float *logits, int64_t tokens, int64_t experts, 
 int kt_rope_f32(kt_pool *pool, float *x, int64_t n, int64_t row_stride, int32_t heads, int32_t dim,
                 const float *cos, const float *sin, int32_t interleaved);
 
-/* ---- decode attention ------------------------------------------------------------
- * Attention of n single query rows over a paged float32 KV cache: row i attends to
- * the ctx_len[i] cache rows listed at slots[ctx_offset[i] ..] (its whole context:
- * one new token per row, so no mask), query head h to KV head h / (heads / kv_heads):
+/* ---- attention over the paged cache (decode and prefill rows) ----------------------
+ * Attention of n query rows over a paged float32 KV cache: row i attends to the
+ * ctx_len[i] cache rows listed at slots[ctx_offset[i] ..] (a decode row's whole
+ * context; a prefill row's causal share of its sequence's, so no mask), query head h
+ * to KV head h / (heads / kv_heads):
  *   out[i, h] = sum_j softmax_j(scale * q[i, h] . K[slot_j, g]) V[slot_j, g]
- * q float32 [n, heads, head_dim]; k_cache [cache_rows, kv_heads, head_dim];
+ * Consecutive rows with the same ctx_offset (one sequence's new rows) are computed
+ * together in blocks, each key and value row read once per block. q float32 [n, heads, head_dim]; k_cache [cache_rows, kv_heads, head_dim];
  * v_cache [cache_rows, kv_heads, v_dim]; out [n, heads, v_dim]. The softmax runs
  * online in float32 on the pool's threads (pool must not be NULL). KT_EINVAL for an
  * empty context or a slot outside the cache. */

@@ -1,15 +1,21 @@
-/* attention.c: attention of single query rows over a paged float32 KV cache, the
- * decode step's attention in one call (one query token per row; each row lists its
- * own context, so rows of different sequences share a call).
+/* attention.c: attention of query rows over a paged float32 KV cache in one call
+ * (each row lists its own context, so rows of different sequences share a call).
  *
  * Row i, query head h (KV head g = h / G, G = heads / kv_heads), over the keys at
  * cache rows slots[ctx_offset[i] + j], j < ctx_len[i]:
  *   s_j = scale * q[i, h] . K[slot_j, g],   out[i, h] = sum_j softmax(s)_j V[slot_j, g]
  *
- * One task per (row, KV head): the G query heads of a group read each key and value
- * row once, in blocks of ATTN_BLOCK keys. The softmax runs online over the blocks
- * (running max m and denominator l per head; when m grows, what was summed so far
- * is rescaled by exp(m_old - m_new)), so the scores never need the whole context. */
+ * The softmax runs online over blocks of ATTN_BLOCK keys (running max m and
+ * denominator l per query; when m grows, what was summed so far is rescaled by
+ * exp(m_old - m_new)), so the scores never need the whole context. A task is a KV
+ * head of a block of rows:
+ * - a lone row (decode: one new token per sequence): its G query heads read each key
+ *   and value row once, as dot products (the rows stream from memory);
+ * - consecutive rows with the same context start (a prefill chunk of one sequence,
+ *   causal through their lengths) are taken up to block_rows() at a time, and their
+ *   G heads each form two small GEMMs per key block on the vector units
+ *   (simd_attn_block.h), every key and value row read once for all of them. Blocks
+ *   run longest context first, so the last tasks are the short ones. */
 #include <math.h>
 #include <stdlib.h>
 #include "kt_internal.h"
@@ -17,6 +23,9 @@
 #include "simd_math.h"
 
 #define ATTN_BLOCK 32
+#include "simd_attn_block.h"
+
+#define BLOCK_QUERIES AB_PAD  /* query vectors a block of rows aims at (rows x G) */
 
 typedef struct {
     float *out;
@@ -24,7 +33,9 @@ typedef struct {
     const int64_t *slots, *ctx_offset, *ctx_len;
     int32_t heads, kv_heads, head_dim, v_dim;
     float scale;
-    float *scratch;          /* per pool thread: acc [G, v_dim], scores [G, ATTN_BLOCK], m [G], l [G] */
+    const int64_t *starts;   /* block b holds rows starts[b] .. starts[b + 1] - 1 */
+    int64_t blocks;
+    float *scratch;          /* per pool thread: row_task's or block_task's buffers */
     int64_t scratch_floats;
 } attn_job;
 
@@ -180,11 +191,10 @@ static void block_probs(const attn_job *j, const float *qg, int64_t g, const int
     }
 }
 
-static void attn_task(void *ctx, int64_t task, int thread)
+/* One row, KV head g. Scratch: acc [G, Dv], scores [G, ATTN_BLOCK], m [G], l [G]. */
+static void row_task(const attn_job *j, int64_t i, int64_t g, int thread)
 {
-    const attn_job *j = ctx;
     const int G = j->heads / j->kv_heads;
-    const int64_t i = task / j->kv_heads, g = task % j->kv_heads;
     const int64_t D = j->head_dim, Dv = j->v_dim;
     float *acc = j->scratch + thread * j->scratch_floats, *scores = acc + G * Dv;
     float *m = scores + G * ATTN_BLOCK, *l = m + G;
@@ -215,6 +225,95 @@ static void attn_task(void *ctx, int64_t task, int thread)
             o[h * Dv + c] = acc[h * Dv + c] / l[h];
 }
 
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* rows a block takes: enough for BLOCK_QUERIES query vectors, at least one */
+static int64_t block_rows(int64_t G) { return G >= BLOCK_QUERIES ? 1 : BLOCK_QUERIES / G; }
+
+/* floats block_task needs for up to `rows` rows: qt, st, acc, m, l and valid (ints) */
+static int64_t block_floats(int64_t rows, int64_t G, int64_t D, int64_t Dv)
+{
+    int64_t Mp = round_up(rows * G, AB_PAD);
+    return Mp * (D + AB_KEY_ROWS + Dv + 3);
+}
+
+/* qt [D, Mp] = scale * the block's query vectors, transposed; zeros past M */
+static void pack_queries(float *qt, const attn_job *j, int64_t r0, int64_t M, int64_t Mp, int64_t g)
+{
+    const int64_t G = j->heads / j->kv_heads, D = j->head_dim;
+    for (int64_t i = 0; i < Mp; i++) {
+        const float *q = i < M ? j->q + ((r0 + i / G) * j->heads + g * G + i % G) * D : NULL;
+        for (int64_t d = 0; d < D; d++)
+            qt[d * Mp + i] = q ? q[d] * j->scale : 0.0f;
+    }
+}
+
+/* Rows r0 .. r0 + rows - 1 (one context start), KV head g, as simd_attn_block.h lays out */
+static void block_task(const attn_job *j, int64_t r0, int64_t rows, int64_t g, int thread)
+{
+    const int64_t G = j->heads / j->kv_heads, D = j->head_dim, Dv = j->v_dim;
+    const int64_t M = rows * G, Mp = round_up(M, AB_PAD);
+    float *qt = j->scratch + thread * j->scratch_floats, *st = qt + D * Mp, *acc = st + AB_KEY_ROWS * Mp;
+    float *m = acc + Mp * Dv, *l = m + Mp;
+    int *valid = (int *)(l + Mp);
+    pack_queries(qt, j, r0, M, Mp, g);
+    int64_t longest = 0;
+    for (int64_t r = r0; r < r0 + rows; r++)
+        longest = j->ctx_len[r] > longest ? j->ctx_len[r] : longest;
+    for (int64_t i = 0; i < Mp; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    for (int64_t c = 0; c < Mp * Dv; c++)
+        acc[c] = 0.0f;
+    const int64_t *slots = j->slots + j->ctx_offset[r0];
+    for (int64_t b0 = 0; b0 < longest; b0 += ATTN_BLOCK) {
+        const int nb = (int)(longest - b0 < ATTN_BLOCK ? longest - b0 : ATTN_BLOCK);
+        const float *krow[AB_KEY_ROWS], *vrow[AB_KEY_ROWS];
+        for (int b = 0; b < AB_KEY_ROWS; b++) {         /* past nb: any key, its scores unread */
+            int64_t slot = slots[b0 + (b < nb ? b : 0)];
+            krow[b] = j->k + (slot * j->kv_heads + g) * D;
+            vrow[b] = j->v + (slot * j->kv_heads + g) * Dv;
+        }
+        for (int b = 0; b < nb; b += AB_KEYS)
+            for (int64_t i = 0; i < Mp; i += AB_Q)
+                score_tile(st + b * Mp + i, Mp, krow + b, qt + i, D);
+        for (int64_t i = 0; i < Mp; i++) {
+            int64_t left = i < M ? j->ctx_len[r0 + i / G] - b0 : nb;
+            valid[i] = (int)(left < nb ? left : nb);
+        }
+        block_softmax(st, Mp, nb, valid, m, l, acc, Dv);
+        block_values(acc, Dv, st, Mp, vrow, nb);
+    }
+    for (int64_t i = 0; i < M; i++) {
+        float *o = j->out + ((r0 + i / G) * j->heads + g * G + i % G) * Dv;
+        for (int64_t c = 0; c < Dv; c++)
+            o[c] = acc[i * Dv + c] / l[i];
+    }
+}
+
+static void attn_task(void *ctx, int64_t task, int thread)
+{
+    const attn_job *j = ctx;
+    const int64_t b = j->blocks - 1 - task / j->kv_heads, g = task % j->kv_heads;
+    const int64_t r0 = j->starts[b], rows = j->starts[b + 1] - r0;
+    if (rows == 1)
+        row_task(j, r0, g, thread);
+    else
+        block_task(j, r0, rows, g, thread);
+}
+
+/* starts[0 .. blocks]: runs of rows with the same context start, cut every `most` rows */
+static int64_t group_rows(int64_t *starts, const int64_t *ctx_offset, int64_t n, int64_t most)
+{
+    int64_t blocks = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (i == 0 || ctx_offset[i] != ctx_offset[i - 1] || i - starts[blocks - 1] == most)
+            starts[blocks++] = i;
+    starts[blocks] = n;
+    return blocks;
+}
+
 static int contexts_valid(const int64_t *slots, int64_t n_slots, int64_t cache_rows, const int64_t *ctx_offset,
                           const int64_t *ctx_len, int64_t n)
 {
@@ -239,13 +338,22 @@ int kt_attention_decode_f32(kt_pool *pool, float *out, const float *q, int64_t n
         return KT_EINVAL;
     if (!contexts_valid(slots, n_slots, cache_rows, ctx_offset, ctx_len, n))
         return KT_EINVAL;
-    const int64_t G = heads / kv_heads, threads = kt_pool_threads(pool);
+    const int64_t G = heads / kv_heads, threads = kt_pool_threads(pool), most = block_rows(G);
+    const int64_t row_floats = G * ((int64_t)v_dim + ATTN_BLOCK + 2);
+    const int64_t blk_floats = block_floats(most, G, head_dim, v_dim);
     attn_job j = {out, q, k_cache, v_cache, slots, ctx_offset, ctx_len, heads, kv_heads, head_dim, v_dim, scale,
-                  NULL, G * ((int64_t)v_dim + ATTN_BLOCK + 2)};
+                  NULL, 0, NULL, row_floats > blk_floats ? row_floats : blk_floats};
+    int64_t *starts = malloc((size_t)(n + 1) * sizeof(int64_t));
     j.scratch = malloc((size_t)(threads * j.scratch_floats) * sizeof(float));
-    if (!j.scratch)
+    if (!starts || !j.scratch) {
+        free(starts);
+        free(j.scratch);
         return KT_ENOMEM;
-    kt_pool_run(pool, attn_task, &j, n * kv_heads);
+    }
+    j.blocks = group_rows(starts, ctx_offset, n, most);
+    j.starts = starts;
+    kt_pool_run(pool, attn_task, &j, j.blocks * kv_heads);
+    free(starts);
     free(j.scratch);
     return KT_OK;
 }

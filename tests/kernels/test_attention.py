@@ -1,8 +1,12 @@
-"""kt_attention_decode_f32 (ops.decode_attention) on each variant against attention
+"""kt_attention_decode_f32 (ops.paged_attention) on each variant against attention
 computed in float64 from the gathered cache rows: GQA groups, paged (scattered)
 contexts of lengths around the kernel's 32-key blocks, several rows in one call,
 head dims that are not a multiple of the vector width, and scores far apart (the
 online softmax rescaling what it summed when a later block holds the maximum).
+Prefill rows (Contexts.causal: a sequence's new rows share a context start, causal
+through their lengths) run the kernel's blocked path: row counts around its blocks,
+groups from 1 to 40 heads, a chunk after earlier context, and a decode row beside
+a prefill chunk in one call.
 
 Bound: 2e-5 relative to the largest output (float32 scores and exp; the value sums
 of up to a few thousand terms, measured below 2e-6)."""
@@ -52,7 +56,7 @@ def test_matches_float64(ops, heads, kv_heads, dim, v_dim, lengths):
     k_cache, v_cache = _randn(rows, kv_heads, dim, seed=2), _randn(rows, kv_heads, v_dim, seed=3)
     per_row = _scattered(rows, lengths, seed=4)
     scale = dim ** -0.5
-    got = ops.decode_attention(q, k_cache, v_cache, Contexts.of(per_row), scale)
+    got = ops.paged_attention(q, k_cache, v_cache, Contexts.of(per_row), scale)
     _close(got, _reference(q, k_cache, v_cache, per_row, scale))
 
 
@@ -60,7 +64,7 @@ def test_rows_may_share_context(ops):
     """Two rows over overlapping contexts (a sequence's prefix read twice)."""
     q, k_cache, v_cache = _randn(2, 8, 16, seed=5), _randn(100, 2, 16, seed=6), _randn(100, 2, 16, seed=7)
     per_row = [torch.arange(0, 60), torch.arange(0, 61)]
-    _close(ops.decode_attention(q, k_cache, v_cache, Contexts.of(per_row), 0.25),
+    _close(ops.paged_attention(q, k_cache, v_cache, Contexts.of(per_row), 0.25),
            _reference(q, k_cache, v_cache, per_row, 0.25))
 
 
@@ -72,9 +76,54 @@ def test_late_maximum_rescales_earlier_blocks(ops):
     k_cache = torch.linspace(0, 40, length)[:, None, None].expand(length, 1, dim).contiguous()
     v_cache = _randn(length, 1, 8, seed=8)
     per_row = [torch.arange(length)]
-    got = ops.decode_attention(q, k_cache, v_cache, Contexts.of(per_row), 1.0)
+    got = ops.paged_attention(q, k_cache, v_cache, Contexts.of(per_row), 1.0)
     assert torch.isfinite(got).all()
     _close(got, _reference(q, k_cache, v_cache, per_row, 1.0))
+
+
+def _causal_per_row(slots: list[torch.Tensor], new: list[int]) -> list[torch.Tensor]:
+    """each sequence's new rows as the reference sees them: row j of k reads the first L - k + 1 + j slots"""
+    return [s[:s.numel() - k + 1 + j] for s, k in zip(slots, new) for j in range(k)]
+
+
+def _causal(slots: list[torch.Tensor], new: list[int]) -> Contexts:
+    starts = [sum(new[:i]) for i in range(len(new))]
+    return Contexts.causal(slots, [slice(a, a + k) for a, k in zip(starts, new)], sum(new))
+
+
+@pytest.mark.parametrize("heads, kv_heads, dim, v_dim", [(32, 4, 128, 128), (9, 3, 64, 64), (4, 4, 20, 12),
+                                                         (2, 1, 7, 9), (40, 1, 16, 16), (6, 2, 33, 8)])
+@pytest.mark.parametrize("lengths, new", [([1], [1]), ([37], [37]), ([130], [130]), ([200], [70]),
+                                          ([64, 1, 50], [64, 1, 3]), ([5, 300], [1, 97])])
+def test_prefill_rows_match_float64(ops, heads, kv_heads, dim, v_dim, lengths, new):
+    rows = 600
+    k_cache, v_cache = _randn(rows, kv_heads, dim, seed=12), _randn(rows, kv_heads, v_dim, seed=13)
+    slots = _scattered(rows, lengths, seed=14)
+    q = _randn(sum(new), heads, dim, seed=15)
+    scale = dim ** -0.5
+    got = ops.paged_attention(q, k_cache, v_cache, _causal(slots, new), scale)
+    _close(got, _reference(q, k_cache, v_cache, _causal_per_row(slots, new), scale))
+
+
+def test_prefill_late_maximum_rescales_every_row(ops):
+    """Scores rising to 640 along a long prompt: every block raises each row's running maximum,
+    and a naive exp would overflow. Each score is one exact product (16 times a key's first
+    element), so float32 sums of scores this large, whose rounding alone moves exp by ~1e-5,
+    play no part: what is checked is the rescaling."""
+    dim, length = 16, 300
+    q = torch.zeros(length, 8, dim)
+    q[..., 0] = 16.0
+    k_cache = torch.linspace(0, 40, length)[:, None, None].expand(length, 2, dim).contiguous()
+    v_cache = _randn(length, 2, 8, seed=16)
+    slots = [torch.arange(length)]
+    got = ops.paged_attention(q, k_cache, v_cache, _causal(slots, [length]), 1.0)
+    assert torch.isfinite(got).all()
+    _close(got, _reference(q, k_cache, v_cache, _causal_per_row(slots, [length]), 1.0))
+
+
+def test_causal_contexts_refuse_more_rows_than_context():
+    with pytest.raises(KtError, match="3 new rows in a context of 2"):
+        Contexts.causal([torch.arange(2)], [slice(0, 3)], 3)
 
 
 def _inputs():
@@ -103,4 +152,4 @@ def test_bad_inputs_are_refused(ops, change, message):
                        length=torch.tensor([2]), scale=0.5))
     with pytest.raises(KtError, match=message):
         contexts = Contexts(args["slots"], args["offset"], args["length"])
-        ops.decode_attention(args["q"], args["k"], args["v"], contexts, args["scale"])
+        ops.paged_attention(args["q"], args["k"], args["v"], contexts, args["scale"])
