@@ -1,7 +1,8 @@
 """The attention-side kernels against the torch code they replace, in one run:
 - decode attention over the paged cache: kt_attention_decode_f32 vs torch's bmm + softmax
   + bmm, on a view of the cache when the slots are in order, on a gathered copy when not;
-- prefill attention: kt_attention_decode_f32 on the rows' causal contexts vs torch's SDPA;
+- prefill attention: kt_attention_decode_f32 on the rows' causal contexts vs torch's SDPA
+  (GQA, then MLA's expanded form);
 - rotary embedding: kt_rope_f32 in place vs torch's expression.
 Prints us per call (median of 5 rounds) and the ratio.
 
@@ -29,6 +30,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--contexts", type=int, nargs="*", default=[64, 512, 2048])
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2, help="torch threads for the prefill rows")
+    parser.add_argument("--mla-heads", type=int, default=16, help="heads of the MLA prefill row")
     return parser.parse_args()
 
 
@@ -84,6 +86,20 @@ def prefill_rows(args) -> None:
         row(f"prefill attention, {n} after {past}", kt, microseconds(sdpa, 3))
 
 
+def mla_prefill_rows(args) -> None:
+    """MLA prefill, expanded (DeepSeek-V3's per-head dims: keys 128 + 64 rope, values 128, one KV
+    head per query head): kt's kernel vs torch's SDPA, causal over n rows"""
+    n, heads, scale = args.prefill, args.mla_heads, 192 ** -0.5
+    q, k, v = torch.randn(n, heads, 192), torch.randn(n, heads, 192), torch.randn(n, heads, 128)
+    contexts = ops.Contexts.causal([torch.arange(n)], [slice(0, n)], n)
+
+    def sdpa():
+        a, b, c = (t.transpose(0, 1)[None] for t in (q, k, v))
+        return F.scaled_dot_product_attention(a, b, c, is_causal=True, scale=scale)
+    kt = microseconds(lambda: ops.paged_attention(q, k, v, contexts, scale), 3)
+    row(f"MLA prefill, {heads} heads, {n} tokens", kt, microseconds(sdpa, 3))
+
+
 def rope_rows(args) -> None:
     rotary = Rotary(RopeSpec(args.dim, 1e6), torch.device("cpu"))
     for n in (1, args.prefill):
@@ -104,6 +120,7 @@ def main() -> None:
     rope_rows(args)
     torch.set_num_threads(args.threads)
     prefill_rows(args)
+    mla_prefill_rows(args)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,19 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out[0].transpose(0, 1)
 
 
+def attend_new_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: SeqView, scale: float) -> torch.Tensor:
+    """attend() for a sequence's new rows q [n, H, D] over its whole context k [L, Hkv, D],
+    v [L, Hkv, Dv] (causal through seq.mask or seq.causal): on the native kernel when all
+    three are contiguous float32 CPU tensors and n > 1 (row j reads the first L - n + 1 + j)"""
+    n, length = q.shape[0], k.shape[0]
+    native = (n > 1 and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
+              and k.is_contiguous() and v.is_contiguous())
+    if not native:
+        return attend(q, k, v, seq.mask, scale, seq.causal)
+    contexts = ops.Contexts.causal([torch.arange(length)], [slice(0, n)], n)
+    return ops.paged_attention(q.contiguous(), k, v, contexts, scale)
+
+
 def _attend_one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Decode: softmax(q k^T * scale) v as two batched matmuls, one batch per KV head
     with its group of query heads (head h reads KV head h // (H / Hkv)). torch's CPU

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.forward_batch import KVSpec
-from .attention import AttentionContext, SeqView, attend, read_cache, write_cache
+from .attention import AttentionContext, SeqView, attend, attend_new_rows, read_cache, write_cache
 from .fused import FusedLinear
 from .linear import Linear
 from .norm import RMSNorm
@@ -98,4 +98,4 @@ class MLAttention(torch.nn.Module):
         k_nope = torch.einsum("lr,hdr->lhd", c, self.w_uk)
         v = torch.einsum("lr,hvr->lhv", c, self.w_uv)
         k = torch.cat((k_nope, k_pe[:, None, :].expand(-1, d.num_heads, -1)), dim=-1)
-        return attend(torch.cat((q_nope, q_pe), dim=-1), k, v, seq.mask, self.scale, seq.causal)
+        return attend_new_rows(torch.cat((q_nope, q_pe), dim=-1), k, v, seq, self.scale)
