@@ -75,7 +75,7 @@ def prefill_rows(args) -> None:
     q = torch.randn(n, args.heads, args.dim)
     for past in (0, n):
         length = past + n
-        contexts = ops.Contexts.causal([torch.arange(length)], [slice(0, n)], n)
+        contexts = ops.Contexts.causal([torch.arange(length)], [n])
         mask = None if past == 0 else torch.arange(length)[None, :] <= torch.arange(past, length)[:, None]
 
         def sdpa():
@@ -91,7 +91,7 @@ def mla_prefill_rows(args) -> None:
     head per query head): kt's kernel vs torch's SDPA, causal over n rows"""
     n, heads, scale = args.prefill, args.mla_heads, 192 ** -0.5
     q, k, v = torch.randn(n, heads, 192), torch.randn(n, heads, 192), torch.randn(n, heads, 128)
-    contexts = ops.Contexts.causal([torch.arange(n)], [slice(0, n)], n)
+    contexts = ops.Contexts.causal([torch.arange(n)], [n])
 
     def sdpa():
         a, b, c = (t.transpose(0, 1)[None] for t in (q, k, v))

@@ -45,7 +45,7 @@ class AttentionContext:
     def rows(self) -> ops.Contexts | None:
         """The native attention kernel's contexts for every new row when the cache is on the
         CPU, else None; built on first use (MLA layers never ask)."""
-        return _row_contexts(self.seqs, self.slot_mapping.device, self.slot_mapping.numel())
+        return _row_contexts(self.seqs, self.slot_mapping.device)
 
     @cached_property
     def decode(self) -> ops.Contexts | None:
@@ -53,11 +53,12 @@ class AttentionContext:
         return self.rows if all(seq.rows.stop - seq.rows.start == 1 for seq in self.seqs) else None
 
 
-def _row_contexts(seqs: list[SeqView], device: torch.device, n: int) -> ops.Contexts | None:
+def _row_contexts(seqs: list[SeqView], device: torch.device) -> ops.Contexts | None:
+    """seqs' rows follow each other from row 0 (ForwardBatch.seq_rows)"""
     if device.type != "cpu" or not seqs:
         return None
     slots = [torch.arange(s.slots.start, s.slots.stop) if isinstance(s.slots, slice) else s.slots for s in seqs]
-    return ops.Contexts.causal(slots, [s.rows for s in seqs], n)
+    return ops.Contexts.causal(slots, [s.rows.stop - s.rows.start for s in seqs])
 
 
 def _seq_view(batch: ForwardBatch, i: int, device: torch.device) -> SeqView:
@@ -96,7 +97,7 @@ def attend_new_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: SeqV
               and k.is_contiguous() and v.is_contiguous())
     if not native:
         return attend(q, k, v, seq.mask, scale, seq.causal)
-    contexts = ops.Contexts.causal([torch.arange(length)], [slice(0, n)], n)
+    contexts = ops.Contexts.causal([torch.arange(length)], [n])
     return ops.paged_attention(q.contiguous(), k, v, contexts, scale)
 
 

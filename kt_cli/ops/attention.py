@@ -30,18 +30,22 @@ class Contexts:
               f"{self.offset.numel()} context offsets for {self.length.numel()} lengths")
 
     @classmethod
-    def causal(cls, slots: list[torch.Tensor], rows: list[slice], n: int) -> "Contexts":
-        """Sequence s owns query rows rows[s] of n, its last positions, over its cache slots
-        slots[s] (positions 0..L-1): its new row j of k reads the first L - k + 1 + j slots."""
-        offset, length = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
-        start = 0
-        for seq_slots, seq_rows in zip(slots, rows):
-            k, total = seq_rows.stop - seq_rows.start, int(seq_slots.numel())
-            check(0 < k <= total, f"a sequence with {k} new rows in a context of {total}")
-            offset[seq_rows] = start
-            length[seq_rows] = torch.arange(total - k + 1, total + 1)
+    def causal(cls, slots: list[torch.Tensor], new: list[int]) -> "Contexts":
+        """Sequence s owns the next new[s] query rows (rows follow sequence order), its last
+        positions, over its cache slots slots[s] (positions 0..L-1): its new row j of k reads
+        the first L - k + 1 + j slots."""
+        totals = [int(t.numel()) for t in slots]
+        for k, total in zip(new, totals):
+            if not 0 < k <= total:
+                raise OpError(f"a sequence with {k} new rows in a context of {total}")
+        check(len(new) == len(slots), f"{len(new)} row counts for {len(slots)} sequences")
+        offset, length, start = [], [], 0
+        for k, total in zip(new, totals):
+            offset += [start] * k
+            length += range(total - k + 1, total + 1)
             start += total
-        return cls(torch.cat(slots).to(torch.int64).contiguous(), offset, length)
+        return cls(torch.cat(slots).to(torch.int64).contiguous(), torch.tensor(offset, dtype=torch.int64),
+                   torch.tensor(length, dtype=torch.int64))
 
     @classmethod
     def of(cls, per_row: list[torch.Tensor]) -> "Contexts":
