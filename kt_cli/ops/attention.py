@@ -34,11 +34,11 @@ class Contexts:
         """Sequence s owns the next new[s] query rows (rows follow sequence order), its last
         positions, over its cache slots slots[s] (positions 0..L-1): its new row j of k reads
         the first L - k + 1 + j slots."""
+        check(len(new) == len(slots), f"{len(new)} row counts for {len(slots)} sequences")
         totals = [int(t.numel()) for t in slots]
         for k, total in zip(new, totals):
             if not 0 < k <= total:
                 raise OpError(f"a sequence with {k} new rows in a context of {total}")
-        check(len(new) == len(slots), f"{len(new)} row counts for {len(slots)} sequences")
         offset, length, start = [], [], 0
         for k, total in zip(new, totals):
             offset += [start] * k
