@@ -237,14 +237,16 @@ static int64_t block_floats(int64_t rows, int64_t G, int64_t D, int64_t Dv)
     return Mp * (D + AB_KEY_ROWS + Dv + 3);
 }
 
-/* qt [D, Mp] = scale * the block's query vectors, transposed; zeros past M */
+/* qt = scale * the block's query vectors in panels of AB_Q, transposed (simd_attn_block.h);
+ * zeros past M */
 static void pack_queries(float *qt, const attn_job *j, int64_t r0, int64_t M, int64_t Mp, int64_t g)
 {
     const int64_t G = j->heads / j->kv_heads, D = j->head_dim;
     for (int64_t i = 0; i < Mp; i++) {
         const float *q = i < M ? j->q + ((r0 + i / G) * j->heads + g * G + i % G) * D : NULL;
+        float *panel = qt + (i / AB_Q) * D * AB_Q + i % AB_Q;
         for (int64_t d = 0; d < D; d++)
-            qt[d * Mp + i] = q ? q[d] * j->scale : 0.0f;
+            panel[d * AB_Q] = q ? q[d] * j->scale : 0.0f;
     }
 }
 
@@ -277,7 +279,7 @@ static void block_task(const attn_job *j, int64_t r0, int64_t rows, int64_t g, i
         }
         for (int b = 0; b < nb; b += AB_KEYS)
             for (int64_t i = 0; i < Mp; i += AB_Q)
-                score_tile(st + b * Mp + i, Mp, krow + b, qt + i, D);
+                score_tile(st + b * Mp + i, Mp, krow + b, qt + i * D, D);
         for (int64_t i = 0; i < Mp; i++) {
             int64_t left = i < M ? j->ctx_len[r0 + i / G] - b0 : nb;
             valid[i] = (int)(left < nb ? left : nb);

@@ -5,7 +5,8 @@
  * A block holds M query vectors: some consecutive rows of one sequence times the G
  * query heads of one KV head (vector i = row i / G, head i % G), padded with zero
  * queries to Mp, a multiple of AB_PAD. Layouts, per pool thread:
- *   qt  [D, Mp]           the queries transposed and times the scale
+ *   qt  [Mp / AB_Q, D, AB_Q]  the queries transposed by tiles of AB_Q, times the scale
+ *                         (a score tile streams one contiguous D x AB_Q panel)
  *   st  [AB_KEY_ROWS, Mp] key b's score for query i at st[b * Mp + i]; then exp(s - m)
  *   acc [Mp, Dv]          the running sum of p * V per query vector
  * Scores are formed as S^T = K Q^T: each key element is broadcast against AB_Q
@@ -44,15 +45,15 @@
 #define vf_max(a, b) fmaxf(a, b)
 #endif
 
-/* st[b, 0 .. AB_Q) = qt[:, 0 .. AB_Q] . krow[b] for the AB_KEYS keys krow[0 ..]: 8 FMA
- * chains, each key element loaded once for AB_Q queries */
+/* st[b, 0 .. AB_Q) = the qt panel's AB_Q queries . krow[b] for the AB_KEYS keys krow[0 ..],
+ * each key element loaded once for AB_Q queries */
 KT_INLINE void score_tile(float *st, int64_t Mp, const float *const *krow, const float *qt, int64_t D)
 {
     vf acc[AB_KEYS][2];
     for (int b = 0; b < AB_KEYS; b++)
         acc[b][0] = acc[b][1] = vf_zero();
     for (int64_t d = 0; d < D; d++) {
-        vf q0 = vf_load(qt + d * Mp), q1 = vf_load(qt + d * Mp + VF_N);
+        vf q0 = vf_load(qt + d * AB_Q), q1 = vf_load(qt + d * AB_Q + VF_N);
         for (int b = 0; b < AB_KEYS; b++) {
             vf k = vf_set1(krow[b][d]);
             acc[b][0] = vf_fma(k, q0, acc[b][0]);
