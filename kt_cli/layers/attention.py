@@ -26,6 +26,13 @@ class SeqView:
     mask: torch.Tensor | None     # [n, L] bool, True = may attend; None = all (or causal)
     causal: bool = False          # n == L > 1: plain causal, no mask (torch's flash kernel skips the masked blocks)
 
+    @cached_property
+    def own_contexts(self) -> ops.Contexts:
+        """The native kernel's contexts for the new rows over a context laid out on its own,
+        rows 0..L-1 (as MLA's expanded keys and values are): built once a step, not once a layer"""
+        length = self.slots.stop - self.slots.start if isinstance(self.slots, slice) else self.slots.numel()
+        return ops.Contexts.causal([torch.arange(length)], [self.rows.stop - self.rows.start])
+
 
 @dataclass
 class AttentionContext:
@@ -92,13 +99,11 @@ def attend_new_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: SeqV
     """attend() for a sequence's new rows q [n, H, D] over its whole context k [L, Hkv, D],
     v [L, Hkv, Dv] (causal through seq.mask or seq.causal): on the native kernel when all
     three are contiguous float32 CPU tensors and n > 1 (row j reads the first L - n + 1 + j)"""
-    n, length = q.shape[0], k.shape[0]
-    native = (n > 1 and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
+    native = (q.shape[0] > 1 and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
               and k.is_contiguous() and v.is_contiguous())
     if not native:
         return attend(q, k, v, seq.mask, scale, seq.causal)
-    contexts = ops.Contexts.causal([torch.arange(length)], [n])
-    return ops.paged_attention(q.contiguous(), k, v, contexts, scale)
+    return ops.paged_attention(q.contiguous(), k, v, seq.own_contexts, scale)
 
 
 def _attend_one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
