@@ -259,7 +259,10 @@ int kt_rope_f32(kt_pool *pool, float *x, int64_t n, int64_t row_stride, int32_t 
  * to KV head h / (heads / kv_heads):
  *   out[i, h] = sum_j softmax_j(scale * q[i, h] . K[slot_j, g]) V[slot_j, g]
  * Consecutive rows with the same ctx_offset (one sequence's new rows) are computed
- * together in blocks, each key and value row read once per block. q float32 [n, heads, head_dim]; k_cache [cache_rows, kv_heads, head_dim];
+ * together in blocks, each key and value row read once per block; a lone row (decode)
+ * reads every KV head's run of a cache row together, and a long context is split
+ * among the threads, its pieces merged. q float32 [n, heads, head_dim];
+ * k_cache [cache_rows, kv_heads, head_dim];
  * v_cache [cache_rows, kv_heads, v_dim]; out [n, heads, v_dim]. The softmax runs
  * online in float32 on the pool's threads (pool must not be NULL). KT_EINVAL for an
  * empty context or a slot outside the cache. */

@@ -6,7 +6,10 @@ online softmax rescaling what it summed when a later block holds the maximum).
 Prefill rows (Contexts.causal: a sequence's new rows share a context start, causal
 through their lengths) run the kernel's blocked path: row counts around its blocks,
 groups from 1 to 40 heads, a chunk after earlier context, and a decode row beside
-a prefill chunk in one call.
+a prefill chunk in one call. Long decode rows split into pieces for several threads
+(each piece's running maximum, sum and values merged at the end): contexts of
+hundreds to thousands of keys, and scores rising along them so that the last piece
+holds the maximum.
 
 Bound: 2e-5 relative to the largest output (float32 scores and exp; the value sums
 of up to a few thousand terms, measured below 2e-6)."""
@@ -75,6 +78,34 @@ def test_late_maximum_rescales_earlier_blocks(ops):
     q = torch.ones(1, 2, dim)
     k_cache = torch.linspace(0, 40, length)[:, None, None].expand(length, 1, dim).contiguous()
     v_cache = _randn(length, 1, 8, seed=8)
+    per_row = [torch.arange(length)]
+    got = ops.paged_attention(q, k_cache, v_cache, Contexts.of(per_row), 1.0)
+    assert torch.isfinite(got).all()
+    _close(got, _reference(q, k_cache, v_cache, per_row, 1.0))
+
+
+@pytest.mark.parametrize("heads, kv_heads, dim, v_dim", [(32, 4, 128, 128), (16, 1, 64, 48), (8, 8, 16, 16),
+                                                         (12, 3, 24, 24)])
+@pytest.mark.parametrize("lengths", [[2000], [1, 700, 1500, 33], [257, 256, 255]])
+def test_long_decode_rows_split_into_pieces(ops, heads, kv_heads, dim, v_dim, lengths):
+    rows = 4000
+    q = _randn(len(lengths), heads, dim, seed=21)
+    k_cache, v_cache = _randn(rows, kv_heads, dim, seed=22), _randn(rows, kv_heads, v_dim, seed=23)
+    per_row = _scattered(rows, lengths, seed=24)
+    scale = dim ** -0.5
+    got = ops.paged_attention(q, k_cache, v_cache, Contexts.of(per_row), scale)
+    _close(got, _reference(q, k_cache, v_cache, per_row, scale))
+
+
+def test_split_row_merges_a_late_maximum(ops):
+    """Scores rising to 1200 along a 1500-key context: the pieces' maxima differ by hundreds, so
+    merging their sums unscaled overflows or weights the early pieces wrongly. Each score is one
+    exact product (16 times a key's first element)."""
+    dim, length = 16, 1500
+    q = torch.zeros(1, 8, dim)
+    q[..., 0] = 16.0
+    k_cache = torch.linspace(0, 75, length)[:, None, None].expand(length, 1, dim).contiguous()
+    v_cache = _randn(length, 1, 8, seed=25)
     per_row = [torch.arange(length)]
     got = ops.paged_attention(q, k_cache, v_cache, Contexts.of(per_row), 1.0)
     assert torch.isfinite(got).all()
