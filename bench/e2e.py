@@ -1,5 +1,6 @@
 """End-to-end tokens/s through kt's engine, like llama-bench: prefill of N-token prompts
-(ppN) and batch-1 greedy decode of N tokens (tgN). Prints a table, or JSON with --json.
+(ppN) and batch-1 greedy decode of N tokens (tgN; with --depth D, tgN@dD: decode after a
+D-token prompt, as llama-bench's -d). Prints a table, or JSON with --json.
 
 Peers, in the same run:
 - llama.cpp's stored figures (shared/reference/llamacpp_bench.json, an AVX-512 host with
@@ -12,8 +13,8 @@ Peers, in the same run:
   llama.cpp's alternate R times, so a slow spell of a shared machine falls on both: each
   figure is the median over rounds, and the ratio the median of the rounds' own ratios.
 
-    python bench/e2e.py [MODEL] [--pp 128 512] [--tg 64] [--repeats 3] [--rounds 1] [--threads 2]
-                        [--llama-cpp OTHER_PYTHON] [--json]
+    python bench/e2e.py [MODEL] [--pp 128 512] [--tg 64] [--depth 0] [--repeats 3] [--rounds 1]
+                        [--threads 2] [--llama-cpp OTHER_PYTHON] [--json]
 """
 
 import argparse
@@ -21,6 +22,7 @@ import json
 import statistics
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 import kt_cli  # noqa: F401  before torch: it sets GOMP_SPINCOUNT, which libgomp reads as torch loads
@@ -39,6 +41,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("model", nargs="?", default=str(store.default_model_path()))
     parser.add_argument("--pp", type=int, nargs="*", default=[128, 512])
     parser.add_argument("--tg", type=int, nargs="*", default=[64])
+    parser.add_argument("--depth", type=int, default=0,
+                        help="decode after a prompt of this many tokens (llama-bench's -d; its prefill not timed)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=1, help="alternations of kt's runs and llama.cpp's")
     parser.add_argument("--threads", type=int, default=None, help="kt kernel threads")
@@ -62,11 +66,12 @@ def prefill_seconds(llm: LLM, n: int, seed: int) -> float:
     return time.perf_counter() - start
 
 
-def decode_seconds(llm: LLM, n: int, seed: int) -> float:
-    """Time of n decode steps after a one-token prompt (its prefill not counted)."""
+def decode_seconds(llm: LLM, n: int, seed: int, depth: int = 0) -> float:
+    """Time of n decode steps after a prompt of max(depth, 1) tokens (its prefill, one step, not
+    counted)."""
     engine = llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=n + 1, ignore_eos=True)
-    engine.add_request(random_prompt(1, llm.engine.vocab_size, seed), params)
+    engine.add_request(random_prompt(max(depth, 1), llm.engine.vocab_size, seed), params)
     engine.step()
     start = time.perf_counter()
     while engine.has_unfinished():
@@ -74,12 +79,17 @@ def decode_seconds(llm: LLM, n: int, seed: int) -> float:
     return time.perf_counter() - start
 
 
-def measure(llm: LLM, kind: str, n: int, repeats: int) -> dict:
-    run = prefill_seconds if kind == "pp" else decode_seconds
+def measure(llm: LLM, kind: str, n: int, repeats: int, depth: int = 0) -> dict:
+    run = prefill_seconds if kind == "pp" else partial(decode_seconds, depth=depth)
     run(llm, min(n, 16), seed=0)
     rates = [n / run(llm, n, seed=1 + i) for i in range(repeats)]
-    return {"test": f"{kind}{n}", "tokens_per_s": statistics.mean(rates),
+    return {"test": test_name(kind, n, depth), "tokens_per_s": statistics.mean(rates),
             "stddev": statistics.stdev(rates) if len(rates) > 1 else 0.0}
+
+
+def test_name(kind: str, n: int, depth: int) -> str:
+    """llama-bench's names: pp512, tg64, and tg64@d4096 for decode after 4096 tokens"""
+    return f"{kind}{n}@d{depth}" if kind == "tg" and depth else f"{kind}{n}"
 
 
 def reference_name(model: str) -> str:
@@ -109,7 +119,7 @@ def read_gbps() -> float:
 
 def run_peer(python: str, args: argparse.Namespace) -> dict[str, dict]:
     command = [python, str(PEER), args.model, "--pp", *map(str, args.pp), "--tg", *map(str, args.tg),
-               "--repeats", str(args.repeats), "--threads", str(args.threads or hardware.default_threads())]
+               "--depth", str(args.depth), "--repeats", str(args.repeats), "--threads", str(args.threads or hardware.default_threads())]
     try:
         done = subprocess.run(command, capture_output=True, text=True)
     except OSError as exc:
@@ -126,14 +136,16 @@ def main() -> None:
     args = parse_args()
     if args.rounds < 1 or args.repeats < 1:
         raise SystemExit("--rounds and --repeats must be at least 1")
-    longest = max([*args.pp, *args.tg, 16]) + 2
+    if args.depth < 0:
+        raise SystemExit("--depth must be at least 0")
+    longest = max([*args.pp, *(n + args.depth for n in args.tg), 16]) + 2
     llm = LLM(args.model, threads=args.threads, torch_threads=args.torch_threads, ctx=longest,
               max_batch=1, max_step_tokens=longest, prefix_caching=False)
     probes = [read_gbps()]
     kt_rounds, peer_rounds = [], []
     for _ in range(args.rounds):
         kt_rounds.append([measure(llm, "pp", n, args.repeats) for n in args.pp]
-                         + [measure(llm, "tg", n, args.repeats) for n in args.tg])
+                         + [measure(llm, "tg", n, args.repeats, args.depth) for n in args.tg])
         if args.llama_cpp:
             peer_rounds.append(run_peer(args.llama_cpp, args))
     probes.append(read_gbps())
@@ -172,6 +184,9 @@ def combine(kt_rounds: list[list[dict]], peer_rounds: list[dict[str, dict]]) -> 
 def add_references(results: list[dict], model: str, gbps: float) -> None:
     reference = llamacpp_figures(model)
     for row in results:
+        if "@" in row["test"]:          # the stored figures have no depth
+            row["llamacpp"] = None
+            continue
         row["llamacpp"] = reference.get(row["test"]) or reference.get(row["test"][:2])
         if row["llamacpp"] and row["test"].startswith("tg"):
             row["llamacpp_scaled"] = row["llamacpp"]["tokens_per_s"] * gbps / REFERENCE_GBPS
