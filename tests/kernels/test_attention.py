@@ -54,10 +54,15 @@ def _scattered(rows: int, lengths: list[int], seed: int) -> list[torch.Tensor]:
                                                          (2, 1, 7, 9)])
 @pytest.mark.parametrize("lengths", [[1], [31, 32, 33], [5, 200, 1]])
 def test_matches_float64(ops, heads, kv_heads, dim, v_dim, lengths):
-    rows = 512
-    q = _randn(len(lengths), heads, dim, seed=1)
-    k_cache, v_cache = _randn(rows, kv_heads, dim, seed=2), _randn(rows, kv_heads, v_dim, seed=3)
-    per_row = _scattered(rows, lengths, seed=4)
+    _check_decode_rows(ops, (heads, kv_heads, dim, v_dim), lengths, rows=512, seed=1)
+
+
+def _check_decode_rows(ops, shape, lengths, rows, seed):
+    """one decode row a context of lengths, scattered over a cache of `rows`, vs float64"""
+    heads, kv_heads, dim, v_dim = shape
+    q = _randn(len(lengths), heads, dim, seed=seed)
+    k_cache, v_cache = _randn(rows, kv_heads, dim, seed=seed + 1), _randn(rows, kv_heads, v_dim, seed=seed + 2)
+    per_row = _scattered(rows, lengths, seed=seed + 3)
     scale = dim ** -0.5
     got = ops.paged_attention(q, k_cache, v_cache, Contexts.of(per_row), scale)
     _close(got, _reference(q, k_cache, v_cache, per_row, scale))
@@ -88,13 +93,7 @@ def test_late_maximum_rescales_earlier_blocks(ops):
                                                          (12, 3, 24, 24)])
 @pytest.mark.parametrize("lengths", [[2000], [1, 700, 1500, 33], [257, 256, 255]])
 def test_long_decode_rows_split_into_pieces(ops, heads, kv_heads, dim, v_dim, lengths):
-    rows = 4000
-    q = _randn(len(lengths), heads, dim, seed=21)
-    k_cache, v_cache = _randn(rows, kv_heads, dim, seed=22), _randn(rows, kv_heads, v_dim, seed=23)
-    per_row = _scattered(rows, lengths, seed=24)
-    scale = dim ** -0.5
-    got = ops.paged_attention(q, k_cache, v_cache, Contexts.of(per_row), scale)
-    _close(got, _reference(q, k_cache, v_cache, per_row, scale))
+    _check_decode_rows(ops, (heads, kv_heads, dim, v_dim), lengths, rows=4000, seed=21)
 
 
 def test_split_row_merges_a_late_maximum(ops):
