@@ -162,7 +162,7 @@ static void accumulate_values(float *acc, int64_t Dv, int G, const float *probs,
                 acc[h * Dv + c] += probs[h * ATTN_BLOCK + b] * vrows[b][c];
 }
 
-/* row_floats floats from `offset` of cache row `slot` towards L1 */
+/* n_floats floats from `offset` of cache row `slot` (rows row_floats apart) towards L1 */
 KT_INLINE void prefetch_row(const float *base, int64_t slot, int64_t row_floats, int64_t offset, int64_t n_floats)
 {
     const char *row = (const char *)(base + slot * row_floats + offset);
@@ -171,7 +171,7 @@ KT_INLINE void prefetch_row(const float *base, int64_t slot, int64_t row_floats,
 }
 
 /* The next block's key rows (`next` of them) and this block's value rows (nb) of KV head g
- * towards L1, in a burst: for the first block of a lone row */
+ * towards L1, in a burst: a row_task's first block; every block of a piece of some heads */
 static void prefetch_block(const attn_job *j, const int64_t *slots, int nb, int next, int64_t g)
 {
     const int64_t D = j->head_dim, Dv = j->v_dim;
@@ -343,7 +343,7 @@ static void block_task(const attn_job *j, int64_t r0, int64_t rows, int64_t g, i
 /* Lone rows whose G heads fill a quarter of a vector or more run as pieces: with fewer lanes
  * idle, contiguous rows and split contexts beat G dot products a key (AVX2, 512-4096 keys:
  * G = 2 and 3 1.3-1.7x, G = 1 0.6-1.0x) */
-static int lone_row_blocked(int64_t G) { return 4 * G >= VF_N; }
+static int lone_row_in_pieces(int64_t G) { return 4 * G >= VF_N; }
 
 /* floats piece_task needs: qt, acc, m and l for every KV head, then st and valid */
 static int64_t piece_floats(int64_t kv_heads, int64_t G, int64_t D, int64_t Dv)
@@ -542,7 +542,7 @@ static int plan_tasks(attn_job *j, attn_buffers *buf, int64_t n_row_blocks, int6
     const int64_t G = j->heads / j->kv_heads;
     int64_t lone_keys = 0, lone = 0;
     for (int64_t b = 0; b < n_row_blocks; b++)
-        if (buf->starts[b + 1] - buf->starts[b] == 1 && lone_row_blocked(G)) {
+        if (buf->starts[b + 1] - buf->starts[b] == 1 && lone_row_in_pieces(G)) {
             lone_keys += j->ctx_len[buf->starts[b]];
             lone++;
         }
@@ -556,7 +556,7 @@ static int plan_tasks(attn_job *j, attn_buffers *buf, int64_t n_row_blocks, int6
     int64_t n_blocks = 0, n_pieces = 0, n_parts = 0;
     for (int64_t b = 0; b < n_row_blocks; b++) {
         const int64_t r = buf->starts[b], len = j->ctx_len[r];
-        if (buf->starts[b + 1] - r != 1 || !lone_row_blocked(G)) {
+        if (buf->starts[b + 1] - r != 1 || !lone_row_in_pieces(G)) {
             buf->blocks[n_blocks++] = b;
             continue;
         }
