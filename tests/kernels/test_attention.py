@@ -79,10 +79,13 @@ def test_rows_may_share_context(ops):
 def test_late_maximum_rescales_earlier_blocks(ops):
     """Scores in the hundreds, rising along the context: every block raises the running
     maximum, and a naive exp would overflow."""
-    dim, length = 16, 300
-    q = torch.ones(1, 2, dim)
-    k_cache = torch.linspace(0, 40, length)[:, None, None].expand(length, 1, dim).contiguous()
-    v_cache = _randn(length, 1, 8, seed=8)
+    _check_rising_scores(ops, torch.ones(1, 2, 16), length=300, top=40.0, seed=8)
+
+
+def _check_rising_scores(ops, q, length, top, seed):
+    """one decode row of q over keys rising from 0 to `top` in every element (one KV head), vs float64"""
+    k_cache = torch.linspace(0, top, length)[:, None, None].expand(length, 1, q.shape[2]).contiguous()
+    v_cache = _randn(length, 1, 8, seed=seed)
     per_row = [torch.arange(length)]
     got = ops.paged_attention(q, k_cache, v_cache, Contexts.of(per_row), 1.0)
     assert torch.isfinite(got).all()
@@ -100,15 +103,9 @@ def test_split_row_merges_a_late_maximum(ops):
     """Scores rising to 1200 along a 1500-key context: the pieces' maxima differ by hundreds, so
     merging their sums unscaled overflows or weights the early pieces wrongly. Each score is one
     exact product (16 times a key's first element)."""
-    dim, length = 16, 1500
-    q = torch.zeros(1, 8, dim)
+    q = torch.zeros(1, 8, 16)
     q[..., 0] = 16.0
-    k_cache = torch.linspace(0, 75, length)[:, None, None].expand(length, 1, dim).contiguous()
-    v_cache = _randn(length, 1, 8, seed=25)
-    per_row = [torch.arange(length)]
-    got = ops.paged_attention(q, k_cache, v_cache, Contexts.of(per_row), 1.0)
-    assert torch.isfinite(got).all()
-    _close(got, _reference(q, k_cache, v_cache, per_row, 1.0))
+    _check_rising_scores(ops, q, length=1500, top=75.0, seed=25)
 
 
 def _causal_per_row(slots: list[torch.Tensor], new: list[int]) -> list[torch.Tensor]:
