@@ -170,18 +170,23 @@ KT_INLINE void prefetch_row(const float *base, int64_t slot, int64_t row_floats,
         __builtin_prefetch(row + byte);
 }
 
-/* The next block's key rows (`next` of them) and this block's value rows (nb) of KV head g
- * towards L1, in a burst: a row_task's first block; every block of a piece of some heads */
-static void prefetch_block(const attn_job *j, const int64_t *slots, int nb, int next, int64_t g)
+/* KV head g's value row of key b of this block (nb keys at slots) and key row of key b of the
+ * next one (`next` keys) towards L1, where they exist */
+KT_INLINE void prefetch_key(const attn_job *j, const int64_t *slots, int nb, int next, int b, int64_t g)
 {
     const int64_t D = j->head_dim, Dv = j->v_dim;
-    const int64_t k_row = (int64_t)j->kv_heads * D, v_row = (int64_t)j->kv_heads * Dv;
-    for (int b = 0; b < nb || b < next; b++) {
-        if (b < nb)
-            prefetch_row(j->v, slots[b], v_row, g * Dv, Dv);
-        if (b < next)
-            prefetch_row(j->k, slots[nb + b], k_row, g * D, D);
-    }
+    if (b < nb)
+        prefetch_row(j->v, slots[b], (int64_t)j->kv_heads * Dv, g * Dv, Dv);
+    if (b < next)
+        prefetch_row(j->k, slots[nb + b], (int64_t)j->kv_heads * D, g * D, D);
+}
+
+/* prefetch_key for every key of the block, in a burst: a row_task's first block; every block
+ * of a piece of some heads */
+static void prefetch_block(const attn_job *j, const int64_t *slots, int nb, int next, int64_t g)
+{
+    for (int b = 0; b < nb || b < next; b++)
+        prefetch_key(j, slots, nb, next, b, g);
 }
 
 /* Scores of a block of keys for the G heads, then the online-softmax update:
@@ -193,11 +198,8 @@ static void block_probs(const attn_job *j, const float *qg, int64_t g, const int
                         int G, float *scores, float *m, float *l, float *acc)
 {
     const int64_t D = j->head_dim, Dv = j->v_dim;
-    const int64_t k_row = (int64_t)j->kv_heads * D, v_row = (int64_t)j->kv_heads * Dv;
     for (int b = 0; b < nb; b++) {
-        prefetch_row(j->v, slots[b], v_row, g * Dv, Dv);
-        if (b < ahead)
-            prefetch_row(j->k, slots[nb + b], k_row, g * D, D);
+        prefetch_key(j, slots, nb, ahead, b, g);
         const float *key = j->k + (slots[b] * j->kv_heads + g) * D;
         int h = 0;
         for (; h + 4 <= G; h += 4)
@@ -535,14 +537,19 @@ static void free_buffers(attn_buffers *b)
     free(b->scratch);
 }
 
+/* Whether block b of rows (starts) is a lone row that runs as pieces */
+static int block_in_pieces(const attn_job *j, const int64_t *starts, int64_t b)
+{
+    return starts[b + 1] - starts[b] == 1 && lone_row_in_pieces(j->heads / j->kv_heads);
+}
+
 /* Splits the rows' blocks into block tasks and lone-row pieces (j->blocks, j->pieces); parts
  * counts the pieces of split rows. Returns KT_ENOMEM if the buffers do not come. */
 static int plan_tasks(attn_job *j, attn_buffers *buf, int64_t n_row_blocks, int64_t threads, int64_t *parts)
 {
-    const int64_t G = j->heads / j->kv_heads;
     int64_t lone_keys = 0, lone = 0;
     for (int64_t b = 0; b < n_row_blocks; b++)
-        if (buf->starts[b + 1] - buf->starts[b] == 1 && lone_row_in_pieces(G)) {
+        if (block_in_pieces(j, buf->starts, b)) {
             lone_keys += j->ctx_len[buf->starts[b]];
             lone++;
         }
@@ -556,7 +563,7 @@ static int plan_tasks(attn_job *j, attn_buffers *buf, int64_t n_row_blocks, int6
     int64_t n_blocks = 0, n_pieces = 0, n_parts = 0;
     for (int64_t b = 0; b < n_row_blocks; b++) {
         const int64_t r = buf->starts[b], len = j->ctx_len[r];
-        if (buf->starts[b + 1] - r != 1 || !lone_row_in_pieces(G)) {
+        if (!block_in_pieces(j, buf->starts, b)) {
             buf->blocks[n_blocks++] = b;
             continue;
         }
