@@ -264,7 +264,7 @@ void kt_row8_rows_f32(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, i
 /* Per-thread buffers (threadbuf.c), grown on demand and kept; one per slot. */
 enum {
     KT_BUF_ACTS = 0, KT_BUF_GEMM_PANEL = 1, KT_BUF_ROW8 = 2, KT_BUF_AMX_PANEL = 3, KT_BUF_ROW8_SETS = 4,
-    KT_THREAD_BUF_SLOTS = 5
+    KT_BUF_ROW8_SPLIT = 5, KT_THREAD_BUF_SLOTS = 6
 };
 void *kt_thread_buffer(int slot, size_t bytes);
 

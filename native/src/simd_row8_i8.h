@@ -14,7 +14,11 @@
  * block). Without it, u splits into nibbles, u = 16 uh + ul (the flip leaves the low nibble
  * alone: uh = (q >> 4 & 15) ^ 8), each summed by vpmaddubsw into int16 over the block's 8
  * loads: a lane adds 16 products of at most 15 * 128 (activations -128..127, the low half of a
- * split int16 code included), 30720 < 32767; then one vpmaddwd by 1 (ul) and one by 16 (uh). */
+ * split int16 code included), 30720 < 32767; then one vpmaddwd by 1 (ul) and one by 16 (uh).
+ * Prefill keeps an 8-row group's codes as split by a chunk's first pass over them in a thread
+ * buffer (a split block: per load j, the 32 bytes of ul at 64 j, of uh at 64 j + 32), and the
+ * chunk's later passes load both instead of splitting each load again: 4 of the 20 vector ops
+ * a load and 4 tokens. */
 #ifndef KT_SIMD_ROW8_I8_H
 #define KT_SIMD_ROW8_I8_H
 
@@ -31,7 +35,11 @@
 #else
 #define I8_TOKENS 4
 #endif
-enum { I8_BLOCK_BYTES = 8 * 32 };
+enum { I8_BLOCK_BYTES = 8 * 32, I8_SPLIT_BLOCK_BYTES = 2 * I8_BLOCK_BYTES };
+
+/* How a pass over an 8-row group takes its codes: it reads them; it reads them and stores them
+ * split (header); it reads them split */
+enum i8_codes { I8_CODES, I8_SPLIT_CODES, I8_READ_SPLIT };
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 /* acc + u . the 4 signed bytes at p in every lane of 8, the broadcast folded into vpdpbusd's
@@ -45,8 +53,9 @@ KT_INLINE __m256i dpbusd_bcast8(__m256i acc, __m256i u, const int8_t *p)
 /* The int32 dots of one block's 8 rows with TT tokens (q: token 0's block, tokens cols apart),
  * two chains a token */
 KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, const int8_t *q, int64_t cols,
-                             const int TT)
+                             uint8_t *fill, const int TT)
 {
+    (void)fill;     /* nothing to split */
     const __m256i top = _mm256_set1_epi8((char)0x80);
     __m256i hi_dot[ROW8_TOKENS];
     for (int t = 0; t < TT; t++)
@@ -63,9 +72,9 @@ KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, con
         dot[t] = _mm256_add_epi32(dot[t], hi_dot[t]);
 }
 #else
-/* The same dots from the nibble sums (header) */
+/* The same dots from the nibble sums (header); fill: where to store the block split, or NULL */
 KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, const int8_t *q, int64_t cols,
-                             const int TT)
+                             uint8_t *fill, const int TT)
 {
     const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(0x08);
     __m256i lo_sum[ROW8_TOKENS], hi_sum[ROW8_TOKENS];
@@ -75,6 +84,10 @@ KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, con
         const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
         const __m256i ul = _mm256_and_si256(v, low4);
         const __m256i uh = _mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), low4), eight);
+        if (fill) {
+            _mm256_store_si256((__m256i *)(fill + 64 * j), ul);
+            _mm256_store_si256((__m256i *)(fill + 64 * j + 32), uh);
+        }
         for (int t = 0; t < TT; t++) {
             const __m256i x = broadcast4(q + t * cols + 4 * j);
             const __m256i lo = _mm256_maddubs_epi16(ul, x), hi = _mm256_maddubs_epi16(uh, x);
@@ -88,15 +101,41 @@ KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, con
         dot[t] = _mm256_add_epi32(_mm256_madd_epi16(lo_sum[t], _mm256_set1_epi16(1)),
                                   _mm256_madd_epi16(hi_sum[t], _mm256_set1_epi16(16)));
 }
+
+#define KT_ROW8_I8_SPLIT 1
+
+/* i8_block_dots on a split block */
+KT_INLINE void i8_split_dots(__m256i dot[ROW8_TOKENS], const uint8_t *split, const int8_t *q, int64_t cols,
+                             const int TT)
+{
+    __m256i lo_sum[ROW8_TOKENS], hi_sum[ROW8_TOKENS];
+    for (int t = 0; t < TT; t++)
+        lo_sum[t] = hi_sum[t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        const __m256i ul = _mm256_load_si256((const __m256i *)(split + 64 * j));
+        const __m256i uh = _mm256_load_si256((const __m256i *)(split + 64 * j + 32));
+        for (int t = 0; t < TT; t++) {
+            const __m256i x = broadcast4(q + t * cols + 4 * j);
+            const __m256i lo = _mm256_maddubs_epi16(ul, x), hi = _mm256_maddubs_epi16(uh, x);
+            __asm__("vpaddw %1, %0, %0" : "+x"(lo_sum[t]) : "x"(lo));     /* as i8_block_dots */
+            __asm__("vpaddw %1, %0, %0" : "+x"(hi_sum[t]) : "x"(hi));
+        }
+    }
+    for (int t = 0; t < TT; t++)
+        dot[t] = _mm256_add_epi32(_mm256_madd_epi16(lo_sum[t], _mm256_set1_epi16(1)),
+                                  _mm256_madd_epi16(hi_sum[t], _mm256_set1_epi16(16)));
+}
 #endif
 
 /* Rows 8G..8G+7 for tokens t0..t0+TT-1 into out (token t at out[t * ldo], 8 floats), one group
  * at a time: two groups a register read two streams 8 rows apart, which ran one MoE layer's
  * decode 0.7x as fast as the row layout on AVX-512; one stream matches it. stream: the first
  * pass over the group's codes, which prefetches them (later token tiles find them in L1/L2).
+ * codes: where the pass reads them (i8_codes), split the group's split blocks for the other two.
  * As simd_row8.h's row8_group_of: the scale kind a constant, zero points apart. */
 KT_INLINE void row8_i8_group_of(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
-                                int64_t t0, int stream, const int TT, const int kind)
+                                int64_t t0, int stream, uint8_t *split, const int codes, const int TT,
+                                const int kind)
 {
     const row8_at at = row8_locate(w, G, a, t0);
     __m256 acc[ROW8_TOKENS], zacc[ROW8_TOKENS];
@@ -109,7 +148,13 @@ KT_INLINE void row8_i8_group_of(float *out, int64_t ldo, const kt_matrix *w, int
             for (int i = 0; stream && i < 4; i++)
                 __builtin_prefetch(block + ROW8_AHEAD + 64 * i);
             __m256i dot[ROW8_TOKENS];
-            i8_block_dots(dot, block, at.q + b * 32, at.cols, TT);
+#if defined(KT_ROW8_I8_SPLIT)
+            if (codes == I8_READ_SPLIT)
+                i8_split_dots(dot, split + b * I8_SPLIT_BLOCK_BYTES, at.q + b * 32, at.cols, TT);
+            else
+#endif
+                i8_block_dots(dot, block, at.q + b * 32, at.cols,
+                              codes == I8_SPLIT_CODES ? split + b * I8_SPLIT_BLOCK_BYTES : NULL, TT);
             accumulate_block(acc, dot, ws, at.sa + b, at.nb, TT);
         }
         __m256 zero_point = _mm256_mul_ps(ws, _mm256_set1_ps(-128.0f));
@@ -124,44 +169,75 @@ KT_INLINE void row8_i8_group_of(float *out, int64_t ldo, const kt_matrix *w, int
 }
 
 KT_INLINE void row8_i8_group(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a, int64_t t0,
-                             int stream, const int TT)
+                             int stream, uint8_t *split, const int codes, const int TT)
 {
     switch (w->scale_type) {
-    case KT_SCALE_F16: row8_i8_group_of(out, ldo, w, G, a, t0, stream, TT, KT_SCALE_F16); break;
-    case KT_SCALE_K: row8_i8_group_of(out, ldo, w, G, a, t0, stream, TT, KT_SCALE_K); break;
-    case KT_SCALE_KS: row8_i8_group_of(out, ldo, w, G, a, t0, stream, TT, KT_SCALE_KS); break;
-    default: row8_i8_group_of(out, ldo, w, G, a, t0, stream, TT, KT_SCALE_F32); break;
+    case KT_SCALE_F16: row8_i8_group_of(out, ldo, w, G, a, t0, stream, split, codes, TT, KT_SCALE_F16); break;
+    case KT_SCALE_K: row8_i8_group_of(out, ldo, w, G, a, t0, stream, split, codes, TT, KT_SCALE_K); break;
+    case KT_SCALE_KS: row8_i8_group_of(out, ldo, w, G, a, t0, stream, split, codes, TT, KT_SCALE_KS); break;
+    default: row8_i8_group_of(out, ldo, w, G, a, t0, stream, split, codes, TT, KT_SCALE_F32); break;
     }
 }
 
-/* Tokens [c0, c1) of rows 8G..8G+7, I8_TOKENS at a time */
-KT_INLINE void row8_i8_tokens(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a, int64_t c0,
-                              int64_t c1)
+/* One pass: n tokens from t0 (I8_TOKENS at most), codes read as row8_i8_group_of says */
+KT_INLINE void row8_i8_pass(float *o, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a, int64_t t0,
+                            int64_t n, int stream, uint8_t *split, const int codes)
 {
+    switch (n < I8_TOKENS ? n : I8_TOKENS) {
+    case 1: row8_i8_group(o, ldo, w, G, a, t0, stream, split, codes, 1); break;
+#if I8_TOKENS > 2
+    case 2: row8_i8_group(o, ldo, w, G, a, t0, stream, split, codes, 2); break;
+    case 3: row8_i8_group(o, ldo, w, G, a, t0, stream, split, codes, 3); break;
+#endif
+    default: row8_i8_group(o, ldo, w, G, a, t0, stream, split, codes, I8_TOKENS); break;
+    }
+}
+
+/* Tokens [c0, c1) of rows 8G..8G+7, I8_TOKENS at a time; split: a buffer for the group's split
+ * blocks, which the first pass fills and the others read, or NULL */
+KT_INLINE void row8_i8_tokens(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a, int64_t c0,
+                              int64_t c1, uint8_t *split)
+{
+    (void)split;     /* NULL where the build has no split (KT_ROW8_I8_SPLIT) */
     for (int64_t t0 = c0; t0 < c1; t0 += I8_TOKENS) {
         float *o = out + t0 * ldo;
-        const int stream = t0 == c0;
-        switch (c1 - t0 < I8_TOKENS ? c1 - t0 : I8_TOKENS) {
-        case 1: row8_i8_group(o, ldo, w, G, a, t0, stream, 1); break;
-#if I8_TOKENS > 2
-        case 2: row8_i8_group(o, ldo, w, G, a, t0, stream, 2); break;
-        case 3: row8_i8_group(o, ldo, w, G, a, t0, stream, 3); break;
-#endif
-        default: row8_i8_group(o, ldo, w, G, a, t0, stream, I8_TOKENS); break;
+#if defined(KT_ROW8_I8_SPLIT)
+        if (split) {
+            if (t0 == c0)
+                row8_i8_pass(o, ldo, w, G, a, t0, c1 - t0, 1, split, I8_SPLIT_CODES);
+            else
+                row8_i8_pass(o, ldo, w, G, a, t0, c1 - t0, 0, split, I8_READ_SPLIT);
+            continue;
         }
+#endif
+        row8_i8_pass(o, ldo, w, G, a, t0, c1 - t0, t0 == c0, NULL, I8_CODES);
     }
+}
+
+/* A thread buffer for one group's split codes when the build splits them and a chunk of tokens
+ * [c0, c1) takes more than one pass; else NULL (the passes read the codes) */
+static inline uint8_t *i8_split_buffer(const kt_matrix *w, int64_t c0, int64_t c1)
+{
+#if defined(KT_ROW8_I8_SPLIT)
+    if (c1 - c0 > I8_TOKENS)
+        return kt_thread_buffer(KT_BUF_ROW8_SPLIT, (size_t)(w->cols / 32) * I8_SPLIT_BLOCK_BYTES);
+#else
+    (void)w, (void)c0, (void)c1;
+#endif
+    return NULL;
 }
 
 /* Rows [r0, r1) (multiples of 8) for every token, in chunks of ROW8_CHUNK tokens whose
  * activations stay in L2 while each 8-row group (8 KB a 1024 columns, in L1 after the chunk's
- * first tokens) passes over them */
+ * first tokens; split, 16 KB) passes over them */
 static inline void row8_rows_i8(float *out, int64_t ldo, const kt_matrix *w, int64_t r0, int64_t r1,
                                 const kt_acts *a)
 {
     for (int64_t c0 = 0; c0 < a->m; c0 += ROW8_CHUNK) {
         const int64_t c1 = c0 + ROW8_CHUNK < a->m ? c0 + ROW8_CHUNK : a->m;
+        uint8_t *split = i8_split_buffer(w, c0, c1);
         for (int64_t G = r0 / 8; G < r1 / 8; G++)
-            row8_i8_tokens(out + (G * 8 - r0), ldo, w, G, a, c0, c1);
+            row8_i8_tokens(out + (G * 8 - r0), ldo, w, G, a, c0, c1, split);
     }
 }
 

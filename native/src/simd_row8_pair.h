@@ -403,7 +403,7 @@ KT_INLINE void row8_pair_chunk(float *out, int64_t ldo, const kt_matrix *w, int6
     int64_t G = r0 / 8;
     if (is_i8 && c1 - c0 <= 2) {
         for (; G < r1 / 8; G++)
-            row8_i8_tokens(out + (G * 8 - r0), ldo, w, G, a, c0, c1);
+            row8_i8_tokens(out + (G * 8 - r0), ldo, w, G, a, c0, c1, NULL);
         return;
     }
     for (; G + 1 < r1 / 8; G += 2)
