@@ -72,21 +72,28 @@ KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, con
         dot[t] = _mm256_add_epi32(dot[t], hi_dot[t]);
 }
 #else
-/* The same dots from the nibble sums (header); fill: where to store the block split, or NULL */
-KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, const int8_t *q, int64_t cols,
-                             uint8_t *fill, const int TT)
+/* The same dots from the nibble sums (header): of the codes at block (fill: where to store the
+ * block split, or NULL), or with split_in, of the split block at block */
+KT_INLINE void i8_nibble_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, const int8_t *q, int64_t cols,
+                              uint8_t *fill, const int split_in, const int TT)
 {
     const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(0x08);
     __m256i lo_sum[ROW8_TOKENS], hi_sum[ROW8_TOKENS];
     for (int t = 0; t < TT; t++)
         lo_sum[t] = hi_sum[t] = _mm256_setzero_si256();
     for (int j = 0; j < 8; j++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
-        const __m256i ul = _mm256_and_si256(v, low4);
-        const __m256i uh = _mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), low4), eight);
-        if (fill) {
-            _mm256_store_si256((__m256i *)(fill + 64 * j), ul);
-            _mm256_store_si256((__m256i *)(fill + 64 * j + 32), uh);
+        __m256i ul, uh;
+        if (split_in) {
+            ul = _mm256_load_si256((const __m256i *)(block + 64 * j));
+            uh = _mm256_load_si256((const __m256i *)(block + 64 * j + 32));
+        } else {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
+            ul = _mm256_and_si256(v, low4);
+            uh = _mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), low4), eight);
+            if (fill) {
+                _mm256_store_si256((__m256i *)(fill + 64 * j), ul);
+                _mm256_store_si256((__m256i *)(fill + 64 * j + 32), uh);
+            }
         }
         for (int t = 0; t < TT; t++) {
             const __m256i x = broadcast4(q + t * cols + 4 * j);
@@ -102,28 +109,18 @@ KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, con
                                   _mm256_madd_epi16(hi_sum[t], _mm256_set1_epi16(16)));
 }
 
+KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, const int8_t *q, int64_t cols,
+                             uint8_t *fill, const int TT)
+{
+    i8_nibble_dots(dot, block, q, cols, fill, 0, TT);
+}
+
 #define KT_ROW8_I8_SPLIT 1
 
-/* i8_block_dots on a split block */
 KT_INLINE void i8_split_dots(__m256i dot[ROW8_TOKENS], const uint8_t *split, const int8_t *q, int64_t cols,
                              const int TT)
 {
-    __m256i lo_sum[ROW8_TOKENS], hi_sum[ROW8_TOKENS];
-    for (int t = 0; t < TT; t++)
-        lo_sum[t] = hi_sum[t] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j++) {
-        const __m256i ul = _mm256_load_si256((const __m256i *)(split + 64 * j));
-        const __m256i uh = _mm256_load_si256((const __m256i *)(split + 64 * j + 32));
-        for (int t = 0; t < TT; t++) {
-            const __m256i x = broadcast4(q + t * cols + 4 * j);
-            const __m256i lo = _mm256_maddubs_epi16(ul, x), hi = _mm256_maddubs_epi16(uh, x);
-            __asm__("vpaddw %1, %0, %0" : "+x"(lo_sum[t]) : "x"(lo));     /* as i8_block_dots */
-            __asm__("vpaddw %1, %0, %0" : "+x"(hi_sum[t]) : "x"(hi));
-        }
-    }
-    for (int t = 0; t < TT; t++)
-        dot[t] = _mm256_add_epi32(_mm256_madd_epi16(lo_sum[t], _mm256_set1_epi16(1)),
-                                  _mm256_madd_epi16(hi_sum[t], _mm256_set1_epi16(16)));
+    i8_nibble_dots(dot, split, q, cols, NULL, 1, TT);
 }
 #endif
 
