@@ -53,9 +53,8 @@ KT_INLINE __m256i dpbusd_bcast8(__m256i acc, __m256i u, const int8_t *p)
 /* The int32 dots of one block's 8 rows with TT tokens (q: token 0's block, tokens cols apart),
  * two chains a token */
 KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, const int8_t *q, int64_t cols,
-                             uint8_t *fill, const int TT)
+                             const int TT)
 {
-    (void)fill;     /* nothing to split */
     const __m256i top = _mm256_set1_epi8((char)0x80);
     __m256i hi_dot[ROW8_TOKENS];
     for (int t = 0; t < TT; t++)
@@ -109,19 +108,7 @@ KT_INLINE void i8_nibble_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, co
                                   _mm256_madd_epi16(hi_sum[t], _mm256_set1_epi16(16)));
 }
 
-KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, const int8_t *q, int64_t cols,
-                             uint8_t *fill, const int TT)
-{
-    i8_nibble_dots(dot, block, q, cols, fill, 0, TT);
-}
-
 #define KT_ROW8_I8_SPLIT 1
-
-KT_INLINE void i8_split_dots(__m256i dot[ROW8_TOKENS], const uint8_t *split, const int8_t *q, int64_t cols,
-                             const int TT)
-{
-    i8_nibble_dots(dot, split, q, cols, NULL, 1, TT);
-}
 #endif
 
 /* Rows 8G..8G+7 for tokens t0..t0+TT-1 into out (token t at out[t * ldo], 8 floats), one group
@@ -146,12 +133,13 @@ KT_INLINE void row8_i8_group_of(float *out, int64_t ldo, const kt_matrix *w, int
                 __builtin_prefetch(block + ROW8_AHEAD + 64 * i);
             __m256i dot[ROW8_TOKENS];
 #if defined(KT_ROW8_I8_SPLIT)
-            if (codes == I8_READ_SPLIT)
-                i8_split_dots(dot, split + b * I8_SPLIT_BLOCK_BYTES, at.q + b * 32, at.cols, TT);
-            else
+            uint8_t *split_block = split ? split + b * I8_SPLIT_BLOCK_BYTES : NULL;
+            i8_nibble_dots(dot, codes == I8_READ_SPLIT ? split_block : block, at.q + b * 32, at.cols,
+                           codes == I8_SPLIT_CODES ? split_block : NULL, codes == I8_READ_SPLIT, TT);
+#else
+            (void)split, (void)codes;     /* always I8_CODES: VNNI sums the codes as they are */
+            i8_block_dots(dot, block, at.q + b * 32, at.cols, TT);
 #endif
-                i8_block_dots(dot, block, at.q + b * 32, at.cols,
-                              codes == I8_SPLIT_CODES ? split + b * I8_SPLIT_BLOCK_BYTES : NULL, TT);
             accumulate_block(acc, dot, ws, at.sa + b, at.nb, TT);
         }
         __m256 zero_point = _mm256_mul_ps(ws, _mm256_set1_ps(-128.0f));
