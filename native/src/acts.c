@@ -130,12 +130,24 @@ static size_t amx_bytes(const kt_matrix *w, int64_t m, int amx_tiles)
            ALIGN64(m16 * n_act_blocks(w->cols) * 4);
 }
 
-/* codes of code_bytes (1: int8, 2: int16) | block scales | group sums */
+/* Whether int8 rows for w carry q_nibble_bias (kt_internal.h) */
+static int has_nibble_bias(const kt_matrix *w, size_t code_bytes)
+{
+#if defined(KT_I8_NIBBLES)
+    return code_bytes == 1 && w->format == KT_I8 && w->layout == KT_LAYOUT_ROW8;
+#else
+    (void)w;
+    (void)code_bytes;
+    return 0;
+#endif
+}
+
+/* codes of code_bytes (1: int8, 2: int16) | block scales | group sums | nibble biases (if any) */
 static size_t int_acts_bytes(const kt_matrix *w, int64_t m, size_t code_bytes)
 {
-    size_t mm = (size_t)m, cols = (size_t)w->cols;
-    return ALIGN64(mm * cols * code_bytes) + ALIGN64(mm * n_act_blocks(w->cols) * 4) +
-           ALIGN64(mm * (cols / (size_t)w->group) * 4);
+    size_t mm = (size_t)m, cols = (size_t)w->cols, blocks = ALIGN64(mm * n_act_blocks(w->cols) * 4);
+    return ALIGN64(mm * cols * code_bytes) + blocks + ALIGN64(mm * (cols / (size_t)w->group) * 4) +
+           (has_nibble_bias(w, code_bytes) ? blocks : 0);
 }
 
 /* INT16 is for integer weights; float formats take float32 activations then */
@@ -223,16 +235,31 @@ static void interleave_i4(int8_t *q, int64_t cols)
     }
 }
 
-/* Points a's codes (int8 or int16), block scales and group sums into scratch. */
+/* Points a's codes (int8 or int16), block scales, group sums and nibble biases into scratch. */
 static void place_int_acts(kt_acts *a, int64_t m, const kt_matrix *w, char *scratch, size_t code_bytes)
 {
     size_t codes = ALIGN64((size_t)m * (size_t)w->cols * code_bytes);
+    size_t blocks = ALIGN64((size_t)m * n_act_blocks(w->cols) * 4);
     if (code_bytes == 2)
         a->q16 = (int16_t *)scratch;
     else
         a->q = (int8_t *)scratch;
     a->q_scale = (float *)(scratch + codes);
-    a->q_group_sum = (float *)(scratch + codes + ALIGN64((size_t)m * n_act_blocks(w->cols) * 4));
+    a->q_group_sum = (float *)(scratch + codes + blocks);
+    if (has_nibble_bias(w, code_bytes))
+        a->q_nibble_bias = (int32_t *)(scratch + codes + blocks + ALIGN64((size_t)m * (size_t)(w->cols / w->group) * 4));
+}
+
+/* One int8 row's q_nibble_bias (kt_internal.h), a block at a time */
+static void nibble_biases(int32_t *bias, const int8_t *q, int64_t cols)
+{
+    for (int64_t k = 0, b = 0; k < cols; k += KT_ACT_BLOCK, b++) {
+        int32_t half[2] = {0, 0};
+        for (int64_t j = k; j < cols && j < k + KT_ACT_BLOCK; j++)
+            half[(j % 4) / 2] += q[j];
+        uint32_t low = (uint16_t)(int16_t)(-8 * half[0]), high = (uint16_t)(int16_t)(-8 * half[1]);
+        bias[b] = (int32_t)(low | high << 16);
+    }
 }
 
 /* One token row in int16 blocks: q[k] = rint(x[k] / s_b), s_b = max |x| over block
@@ -268,6 +295,8 @@ static void prepare_int(kt_acts *a, const float *x, int64_t m, const kt_matrix *
             kt_quantize_blocks_i8(qt, st, x + t * cols, cols);
         }
         group_sums(a->q_group_sum + t * n_groups, qt, code_bytes, st, cols, w->group);
+        if (a->q_nibble_bias)
+            nibble_biases(a->q_nibble_bias + t * nb, qt, cols);
         if (code_bytes == 1 && w->format == KT_I4)
             interleave_i4(qt, cols);
     }
@@ -294,6 +323,10 @@ static void prepare_split(kt_acts *a, const float *x, int64_t m, const kt_matrix
             s_hi[b] = 256.0f * s_lo[b];
         group_sums(a->q_group_sum + 2 * t * n_groups, hi, 1, s_hi, cols, w->group);
         group_sums(a->q_group_sum + (2 * t + 1) * n_groups, lo, 1, s_lo, cols, w->group);
+        if (a->q_nibble_bias) {
+            nibble_biases(a->q_nibble_bias + 2 * t * nb, hi, cols);
+            nibble_biases(a->q_nibble_bias + (2 * t + 1) * nb, lo, cols);
+        }
         if (w->format == KT_I4) {
             interleave_i4(hi, cols);
             interleave_i4(lo, cols);

@@ -113,9 +113,19 @@ int kt_pool_amx_tiles(const kt_pool *pool);
  * instead: x[t] ~= s * q16 with s = max |x| / KT_SPLIT_MAX and q16 = 256 * hi + lo
  * (hi, lo int8), stored as two int8 rows, 2t = hi with scale 256 * s and 2t + 1 =
  * lo with scale s, so the int8 kernels compute both and their sum is the int16
- * product (m = 2 * tokens, split = 1). */
+ * product (m = 2 * tokens, split = 1).
+ * q_nibble_bias, for a ROW8 I8 matrix on builds whose 8-row I8 kernel sums its codes as nibbles
+ * (KT_I8_NIBBLES; simd_row8_i8.h), else NULL: per int8 row t and 32-column block b, two int16
+ * in one int32, -8 times the sum of q[t, k] over the block's k with k % 4 < 2 (low half) and
+ * k % 4 >= 2 (high half): where that kernel's high-nibble sums start, which takes the flip's
+ * -128 * s out of the zero point. */
 #define KT_SPLIT_MAX 32639      /* |q16| <= 127 * 256 + 127: hi = rint(q16 / 256) stays in int8 */
 #define KT_ACT_BLOCK 32
+
+/* Builds whose 8-row I8 kernel splits codes into nibbles for vpmaddubsw: AVX2 without AVX512-VNNI */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#define KT_I8_NIBBLES 1
+#endif
 
 typedef struct kt_acts {
     int64_t m;
@@ -132,6 +142,7 @@ typedef struct kt_acts {
     int16_t *q16;          /* [m, cols] or NULL (KT_ACTS_INT16) */
     float *q_scale;        /* [m, n_blocks], n_blocks = ceil(cols / 32) */
     float *q_group_sum;    /* [m, cols / group] */
+    int32_t *q_nibble_bias;    /* [m, n_blocks] or NULL (above) */
     /* amx variant, AMX tiles enabled on the pool and m >= KT_AMX_MIN_TOKENS_*: the
      * same tokens in AMX B-tile panels (layout in simd_amx.h), padded with zero
      * tokens to a multiple of 16; else NULL */

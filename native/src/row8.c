@@ -121,6 +121,10 @@ static int kernel_takes(const kt_matrix *w, const kt_acts *a)
 {
     if (!a->q || a->q16 || a->float_acts)
         return 0;
+#if defined(KT_I8_NIBBLES)
+    if (w->format == KT_I8 && !a->q_nibble_bias)     /* where its nibble sums start */
+        return 0;
+#endif
 #if defined(KT_ROW8_I6_KERNEL)
     if (w->format == KT_I6)
         return 1;

@@ -7,14 +7,22 @@
  * each row, against the 4 activation bytes of those columns broadcast to the 8 rows.
  *
  * Maths: the codes q are signed; each load flips their top bit, u = q + 128, the unsigned
- * operand of vpdpbusd / vpmaddubsw, and the group's zero point takes the 128 back:
+ * operand of vpdpbusd / vpmaddubsw. AVX512-VNNI: vpdpbusd straight into int32 (a lane adds 32
+ * products of at most 255 * 128 a block), and the group's zero point takes the 128 back:
  *   acc[i] += s[i, g] * sa[b] * sum_{k in b} u[i, k] * qa[k]      per block
  *   acc[i] += (mn[i, g] or 0) - 128 * s[i, g]) * gsum[g]           per group
- * AVX512-VNNI: vpdpbusd straight into int32 (a lane adds 32 products of at most 255 * 128 a
- * block). Without it, u splits into nibbles, u = 16 uh + ul (the flip leaves the low nibble
- * alone: uh = (q >> 4 & 15) ^ 8), each summed by vpmaddubsw into int16 over the block's 8
- * loads: a lane adds 16 products of at most 15 * 128 (activations -128..127, the low half of a
- * split int16 code included), 30720 < 32767; then one vpmaddwd by 1 (ul) and one by 16 (uh).
+ * Without VNNI (KT_I8_NIBBLES), u splits into nibbles, u = 16 uh + ul (the flip leaves the low
+ * nibble alone: uh = (q >> 4 & 15) ^ 8 = h + 8, h = q >> 4 the signed high nibble), each summed
+ * by vpmaddubsw into int16 over the block's 8 loads, then one vpmaddwd by 1 (ul) and one by 16
+ * (uh). The high sums start at the activations' q_nibble_bias, -8 * sum qa over the lane's
+ * columns, so they end as sum h * qa and the dot is sum q * qa: no -128 s term, and only mins
+ * (asymmetric weights) remain for the zero point:
+ *   acc[i] += s[i, g] * sa[b] * sum_{k in b} q[i, k] * qa[k]      per block
+ *   acc[i] += mn[i, g] * gsum[g]                                   per group, after the blocks
+ * int16 bounds (activations -128..127, the low half of a split int16 code included; a lane adds
+ * 16 products): ul sums at most 15 * 128 * 16 = 30720 < 32767; an uh sum is at every step the
+ * lane's sum of h * qa over the columns done and of -8 * qa over the others, at most
+ * 16 * 8 * 128 = 16384.
  * Prefill keeps an 8-row group's codes as split by a chunk's first pass over them in a thread
  * buffer (a split block: per load j, the 32 bytes of ul at 64 j, of uh at 64 j + 32), and the
  * chunk's later passes load both instead of splitting each load again: 4 of the 20 vector ops
@@ -71,15 +79,18 @@ KT_INLINE void i8_block_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, con
         dot[t] = _mm256_add_epi32(dot[t], hi_dot[t]);
 }
 #else
-/* The same dots from the nibble sums (header): of the codes at block (fill: where to store the
- * block split, or NULL), or with split_in, of the split block at block */
+/* The dots of the codes q * qa from the nibble sums (header): of the codes at block (fill: where to
+ * store the block split, or NULL), or with split_in, of the split block at block; bias: token 0's
+ * q_nibble_bias of the block, tokens nb apart */
 KT_INLINE void i8_nibble_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, const int8_t *q, int64_t cols,
-                              uint8_t *fill, const int split_in, const int TT)
+                              const int32_t *bias, int64_t nb, uint8_t *fill, const int split_in, const int TT)
 {
     const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(0x08);
     __m256i lo_sum[ROW8_TOKENS], hi_sum[ROW8_TOKENS];
-    for (int t = 0; t < TT; t++)
-        lo_sum[t] = hi_sum[t] = _mm256_setzero_si256();
+    for (int t = 0; t < TT; t++) {
+        lo_sum[t] = _mm256_setzero_si256();
+        hi_sum[t] = _mm256_set1_epi32(bias[t * nb]);
+    }
     for (int j = 0; j < 8; j++) {
         __m256i ul, uh;
         if (split_in) {
@@ -107,8 +118,6 @@ KT_INLINE void i8_nibble_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, co
         dot[t] = _mm256_add_epi32(_mm256_madd_epi16(lo_sum[t], _mm256_set1_epi16(1)),
                                   _mm256_madd_epi16(hi_sum[t], _mm256_set1_epi16(16)));
 }
-
-#define KT_ROW8_I8_SPLIT 1
 #endif
 
 /* Rows 8G..8G+7 for tokens t0..t0+TT-1 into out (token t at out[t * ldo], 8 floats), one group
@@ -116,15 +125,23 @@ KT_INLINE void i8_nibble_dots(__m256i dot[ROW8_TOKENS], const uint8_t *block, co
  * decode 0.7x as fast as the row layout on AVX-512; one stream matches it. stream: the first
  * pass over the group's codes, which prefetches them (later token tiles find them in L1/L2).
  * codes: where the pass reads them (i8_codes), split the group's split blocks for the other two.
- * As simd_row8.h's row8_group_of: the scale kind a constant, zero points apart. */
+ * As simd_row8.h's row8_group_of: the scale kind a constant; with VNNI zero points apart, with
+ * nibbles only mins, after the blocks (header). */
 KT_INLINE void row8_i8_group_of(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a,
                                 int64_t t0, int stream, uint8_t *split, const int codes, const int TT,
                                 const int kind)
 {
     const row8_at at = row8_locate(w, G, a, t0);
-    __m256 acc[ROW8_TOKENS], zacc[ROW8_TOKENS];
+    __m256 acc[ROW8_TOKENS];
     for (int t = 0; t < TT; t++)
-        acc[t] = zacc[t] = _mm256_setzero_ps();
+        acc[t] = _mm256_setzero_ps();
+#if defined(KT_I8_NIBBLES)
+    const int32_t *bias = a->q_nibble_bias + t0 * at.nb;
+#else
+    __m256 zacc[ROW8_TOKENS];
+    for (int t = 0; t < TT; t++)
+        zacc[t] = _mm256_setzero_ps();
+#endif
     for (int64_t g = 0, b = 0; g < at.ng; g++) {
         const __m256 ws = group_scales8(at.scale, at.scale_base, g, kind);
         for (int64_t end = b + at.per_group; b < end; b++) {
@@ -132,24 +149,34 @@ KT_INLINE void row8_i8_group_of(float *out, int64_t ldo, const kt_matrix *w, int
             for (int i = 0; stream && i < 4; i++)
                 __builtin_prefetch(block + ROW8_AHEAD + 64 * i);
             __m256i dot[ROW8_TOKENS];
-#if defined(KT_ROW8_I8_SPLIT)
+#if defined(KT_I8_NIBBLES)
             uint8_t *split_block = split ? split + b * I8_SPLIT_BLOCK_BYTES : NULL;
-            i8_nibble_dots(dot, codes == I8_READ_SPLIT ? split_block : block, at.q + b * 32, at.cols,
-                           codes == I8_SPLIT_CODES ? split_block : NULL, codes == I8_READ_SPLIT, TT);
+            i8_nibble_dots(dot, codes == I8_READ_SPLIT ? split_block : block, at.q + b * 32, at.cols, bias + b,
+                           at.nb, codes == I8_SPLIT_CODES ? split_block : NULL, codes == I8_READ_SPLIT, TT);
 #else
             (void)split, (void)codes;     /* always I8_CODES: VNNI sums the codes as they are */
             i8_block_dots(dot, block, at.q + b * 32, at.cols, TT);
 #endif
             accumulate_block(acc, dot, ws, at.sa + b, at.nb, TT);
         }
+#if !defined(KT_I8_NIBBLES)
         __m256 zero_point = _mm256_mul_ps(ws, _mm256_set1_ps(-128.0f));
         if (at.min)
             zero_point = _mm256_add_ps(zero_point, group_scales8(at.min, at.min_base, g, kind));
         for (int t = 0; t < TT; t++)
             zacc[t] = _mm256_fmadd_ps(zero_point, _mm256_set1_ps(at.gsum[t * at.ng + g]), zacc[t]);
+#endif
     }
+#if defined(KT_I8_NIBBLES)
+    for (int64_t g = 0; at.min && g < at.ng; g++) {
+        const __m256 mn = group_scales8(at.min, at.min_base, g, kind);
+        for (int t = 0; t < TT; t++)
+            acc[t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(at.gsum[t * at.ng + g]), acc[t]);
+    }
+#else
     for (int t = 0; t < TT; t++)
         acc[t] = _mm256_add_ps(acc[t], zacc[t]);
+#endif
     store_rows8(out, ldo, acc, TT);
 }
 
@@ -183,10 +210,10 @@ KT_INLINE void row8_i8_pass(float *o, int64_t ldo, const kt_matrix *w, int64_t G
 KT_INLINE void row8_i8_tokens(float *out, int64_t ldo, const kt_matrix *w, int64_t G, const kt_acts *a, int64_t c0,
                               int64_t c1, uint8_t *split)
 {
-    (void)split;     /* NULL where the build has no split (KT_ROW8_I8_SPLIT) */
+    (void)split;     /* NULL where the build has no split (KT_I8_NIBBLES) */
     for (int64_t t0 = c0; t0 < c1; t0 += I8_TOKENS) {
         float *o = out + t0 * ldo;
-#if defined(KT_ROW8_I8_SPLIT)
+#if defined(KT_I8_NIBBLES)
         if (split) {
             if (t0 == c0)
                 row8_i8_pass(o, ldo, w, G, a, t0, c1 - t0, 1, split, I8_SPLIT_CODES);
@@ -203,7 +230,7 @@ KT_INLINE void row8_i8_tokens(float *out, int64_t ldo, const kt_matrix *w, int64
  * [c0, c1) takes more than one pass; else NULL (the passes read the codes) */
 static inline uint8_t *i8_split_buffer(const kt_matrix *w, int64_t c0, int64_t c1)
 {
-#if defined(KT_ROW8_I8_SPLIT)
+#if defined(KT_I8_NIBBLES)
     if (c1 - c0 > I8_TOKENS)
         return kt_thread_buffer(KT_BUF_ROW8_SPLIT, (size_t)(w->cols / 32) * I8_SPLIT_BLOCK_BYTES);
 #else
