@@ -246,19 +246,23 @@ static void place_int_acts(kt_acts *a, int64_t m, const kt_matrix *w, char *scra
         a->q = (int8_t *)scratch;
     a->q_scale = (float *)(scratch + codes);
     a->q_group_sum = (float *)(scratch + codes + blocks);
+    size_t sums = ALIGN64((size_t)m * (size_t)(w->cols / w->group) * 4);
     if (has_nibble_bias(w, code_bytes))
-        a->q_nibble_bias = (int32_t *)(scratch + codes + blocks + ALIGN64((size_t)m * (size_t)(w->cols / w->group) * 4));
+        a->q_nibble_bias = (int32_t *)(scratch + codes + blocks + sums);
 }
 
-/* One int8 row's q_nibble_bias (kt_internal.h), a block at a time */
+/* One int8 row's q_nibble_bias (kt_internal.h), a block at a time (ROW8: cols % 64 == 0) */
 static void nibble_biases(int32_t *bias, const int8_t *q, int64_t cols)
 {
-    for (int64_t k = 0, b = 0; k < cols; k += KT_ACT_BLOCK, b++) {
-        int32_t half[2] = {0, 0};
-        for (int64_t j = k; j < cols && j < k + KT_ACT_BLOCK; j++)
-            half[(j % 4) / 2] += q[j];
-        uint32_t low = (uint16_t)(int16_t)(-8 * half[0]), high = (uint16_t)(int16_t)(-8 * half[1]);
-        bias[b] = (int32_t)(low | high << 16);
+    for (int64_t b = 0; b < cols / KT_ACT_BLOCK; b++) {
+        const int8_t *block = q + b * KT_ACT_BLOCK;
+        int32_t low = 0, high = 0;
+        for (int j = 0; j < KT_ACT_BLOCK; j += 4) {
+            low += block[j] + block[j + 1];
+            high += block[j + 2] + block[j + 3];
+        }
+        uint32_t low16 = (uint16_t)(int16_t)(-8 * low), high16 = (uint16_t)(int16_t)(-8 * high);
+        bias[b] = (int32_t)(low16 | high16 << 16);
     }
 }
 
