@@ -49,7 +49,7 @@ enum { I8_BLOCK_BYTES = 8 * 32, I8_SPLIT_BLOCK_BYTES = 2 * I8_BLOCK_BYTES };
  * split (header); it reads them split */
 enum i8_codes { I8_CODES, I8_SPLIT_CODES, I8_READ_SPLIT };
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if !defined(KT_I8_NIBBLES)     /* AVX512-VNNI (kt_internal.h): the codes as they are */
 /* acc + u . the 4 signed bytes at p in every lane of 8, the broadcast folded into vpdpbusd's
  * memory operand ({1to8}); GCC 12 does not fold _mm256_set1_epi32 there */
 KT_INLINE __m256i dpbusd_bcast8(__m256i acc, __m256i u, const int8_t *p)
