@@ -304,7 +304,8 @@ def hold_step_buffers() -> None:
     next step touches it: 10% of the scaled Qwen3-MoE Q4_0's pp512 in clear_page (perf,
     2-core Zen 3 guest). Here allocations up to 64 MB come from the heap, which keeps up to
     256 MB free: pp512 ~1.2x (Q4_0) and ~1.06x (Q8_0), three alternating pairs of processes
-    each; decode unchanged. The heap holds at most a step's peak. A no-op without glibc."""
+    each; decode unchanged (~50 MB more resident). What stays free is a step's freed memory,
+    its top trimmed past 256 MB. A no-op without glibc."""
     mallopt = _glibc("mallopt")
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, STEP_MMAP_THRESHOLD)
