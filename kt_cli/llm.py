@@ -108,9 +108,9 @@ class LLM:
         self.checkpoint = open_checkpoint(model)
         built = build_model(self.checkpoint, ModelOptions(device=opts.device, dtype=opts.dtype))
         hardware.release_freed_memory()
-        hardware.hold_step_buffers()
         # the trim splits the huge pages freed temporaries shared with the weights (ops.hugepages)
         hugepages.collapse(built.streamed_weights())
+        hardware.hold_step_buffers()
         self._start(built, self.checkpoint.tokenizer(), opts)
 
     @classmethod
