@@ -268,17 +268,22 @@ def free_disk_bytes(path: Path) -> int:
     return shutil.disk_usage(probe).free
 
 
-def _glibc(name: str):
-    """glibc's function `name` through ctypes, or None where the C library has none (musl,
-    macOS, Windows)."""
+@lru_cache(maxsize=1)
+def _libc():
+    """The C library through ctypes (find_library runs ldconfig: once a process), or None"""
     import ctypes
     import ctypes.util
 
     lib = ctypes.util.find_library("c")
     try:
-        return getattr(ctypes.CDLL(lib), name, None) if lib else None
+        return ctypes.CDLL(lib) if lib else None
     except OSError:
         return None
+
+
+def _glibc(name: str):
+    """glibc's function `name`, or None where the C library has none (musl, macOS, Windows)."""
+    return getattr(_libc(), name, None)
 
 
 def release_freed_memory() -> None:

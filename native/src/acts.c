@@ -142,12 +142,26 @@ static int has_nibble_bias(const kt_matrix *w, size_t code_bytes)
 #endif
 }
 
-/* codes of code_bytes (1: int8, 2: int16) | block scales | group sums | nibble biases (if any) */
-static size_t int_acts_bytes(const kt_matrix *w, int64_t m, size_t code_bytes)
+/* Where the parts of int_acts lie in scratch, in bytes from its start: codes of code_bytes
+ * (1: int8, 2: int16) | block scales | group sums | nibble biases (if any) | end */
+typedef struct {
+    size_t scales, sums, biases, end;
+} int_acts_layout;
+
+static int_acts_layout int_acts_at(const kt_matrix *w, int64_t m, size_t code_bytes)
 {
     size_t mm = (size_t)m, cols = (size_t)w->cols, blocks = ALIGN64(mm * n_act_blocks(w->cols) * 4);
-    return ALIGN64(mm * cols * code_bytes) + blocks + ALIGN64(mm * (cols / (size_t)w->group) * 4) +
-           (has_nibble_bias(w, code_bytes) ? blocks : 0);
+    int_acts_layout at;
+    at.scales = ALIGN64(mm * cols * code_bytes);
+    at.sums = at.scales + blocks;
+    at.biases = at.sums + ALIGN64(mm * (cols / (size_t)w->group) * 4);
+    at.end = at.biases + (has_nibble_bias(w, code_bytes) ? blocks : 0);
+    return at;
+}
+
+static size_t int_acts_bytes(const kt_matrix *w, int64_t m, size_t code_bytes)
+{
+    return int_acts_at(w, m, code_bytes).end;
 }
 
 /* INT16 is for integer weights; float formats take float32 activations then */
@@ -238,17 +252,15 @@ static void interleave_i4(int8_t *q, int64_t cols)
 /* Points a's codes (int8 or int16), block scales, group sums and nibble biases into scratch. */
 static void place_int_acts(kt_acts *a, int64_t m, const kt_matrix *w, char *scratch, size_t code_bytes)
 {
-    size_t codes = ALIGN64((size_t)m * (size_t)w->cols * code_bytes);
-    size_t blocks = ALIGN64((size_t)m * n_act_blocks(w->cols) * 4);
+    const int_acts_layout at = int_acts_at(w, m, code_bytes);
     if (code_bytes == 2)
         a->q16 = (int16_t *)scratch;
     else
         a->q = (int8_t *)scratch;
-    a->q_scale = (float *)(scratch + codes);
-    a->q_group_sum = (float *)(scratch + codes + blocks);
-    size_t sums = ALIGN64((size_t)m * (size_t)(w->cols / w->group) * 4);
-    if (has_nibble_bias(w, code_bytes))
-        a->q_nibble_bias = (int32_t *)(scratch + codes + blocks + sums);
+    a->q_scale = (float *)(scratch + at.scales);
+    a->q_group_sum = (float *)(scratch + at.sums);
+    if (at.end > at.biases)
+        a->q_nibble_bias = (int32_t *)(scratch + at.biases);
 }
 
 /* One int8 row's q_nibble_bias (kt_internal.h), a block at a time (ROW8: cols % 64 == 0) */
