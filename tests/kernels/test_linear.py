@@ -34,7 +34,7 @@ from kt_cli.errors import KtError
 from kt_cli.ops import Pool
 from kt_cli.ops.linear import kernel_layout
 from kt_cli.ops.linear import linear as linear_on
-from kt_weights.layout import Format, QMatrix, from_row8, quantize_reference
+from kt_weights.layout import Format, QMatrix, from_row8, quantize_reference, to_row8
 
 BF16_ACT_VARIANTS = {"avx512_bf16", "amx"}
 TOKENS = [1, 3, 8, 33]
@@ -222,6 +222,19 @@ def test_large_decode_and_prefill_shapes(ops):
 
 def _weight():
     return QMatrix(Format.F32, 4, 8, torch.randn(4, 8))
+
+
+@pytest.mark.parametrize("acts", ["int8", "f32"])
+@pytest.mark.parametrize("row8", [False, True], ids=["rows", "row8"])
+def test_long_prefill_splits_rows_into_short_tasks(ops, acts, row8):
+    """512 tokens of a 2048-column I8 matrix: each row is ~1 MB of weight-times-token
+    work, so linear.c caps a task at MAX_TASK_BYTES (~60 rows) rather than a quarter of
+    a thread's share; the last task is a partial one."""
+    w = quantize_reference(_randn(312, 2048, seed=7), Format.I8, 32)
+    w = to_row8(w) if row8 else w
+    x = _randn(512, 2048, seed=8)
+    ref = _acts_reference(x) if acts == "int8" else x
+    assert rel_err(ops.linear(x, w, acts=acts), ref, w.dequantize()) < QUANT_EXACT_BOUND
 
 
 @pytest.mark.parametrize("x", [
