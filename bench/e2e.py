@@ -11,7 +11,8 @@ Peers, in the same run:
 - --llama-cpp PYTHON: llama.cpp itself, through bench/llamacpp_peer.py run by an interpreter
   that has llama-cpp-python, on the same file and threads. With --rounds R, kt's tests and
   llama.cpp's alternate R times, so a slow spell of a shared machine falls on both: each
-  figure is the median over rounds, and the ratio the median of the rounds' own ratios.
+  figure is the median over rounds, and the ratio the median of the rounds' own ratios, printed
+  with the lowest and highest of them (--json: peer_ratios).
 
     python bench/e2e.py [MODEL] [--pp 128 512] [--tg 64] [--depth 0] [--repeats 3] [--rounds 1]
                         [--threads 2] [--llama-cpp OTHER_PYTHON] [--json]
@@ -158,16 +159,16 @@ def main() -> None:
         return
     print(f"read bandwidth (kt doctor probe) before / after: {probes[0]:.1f} / {probes[1]:.1f} GB/s; "
           f"stored llama.cpp host: {REFERENCE_GBPS} GB/s; {args.rounds} round(s)")
-    print(f"{'test':>8} {'kt tok/s':>10} {'+/-':>7}   {'llama.cpp here':>16}   {'stored (n)':>16}"
+    print(f"{'test':>8} {'kt tok/s':>10} {'+/-':>7}   {'llama.cpp here':>26}   {'stored (n)':>16}"
           f"   {'stored x bw':>12}")
     for row in results:
-        print(f"{row['test']:>8} {row['tokens_per_s']:>10.2f} {row['stddev']:>7.2f}   {_peer_text(row):>16}"
+        print(f"{row['test']:>8} {row['tokens_per_s']:>10.2f} {row['stddev']:>7.2f}   {_peer_text(row):>26}"
               f"   {_reference_text(row['llamacpp']):>16}   {_scaled_text(row):>12}")
 
 
 def combine(kt_rounds: list[list[dict]], peer_rounds: list[dict[str, dict]]) -> list[dict]:
     """One row per test: medians over rounds (the stddev of a single round is within it, of
-    several across their means), and with a peer the median of each round's kt / peer ratio."""
+    several across their means), and with a peer each round's kt / peer ratio and their median."""
     results = []
     for i, first in enumerate(kt_rounds[0]):
         rates = [r[i]["tokens_per_s"] for r in kt_rounds]
@@ -176,7 +177,8 @@ def combine(kt_rounds: list[list[dict]], peer_rounds: list[dict[str, dict]]) -> 
         peers = [p[row["test"]] for p in peer_rounds if row["test"] in p]
         if len(peers) == len(kt_rounds):
             row["peer"] = {**peers[0], "tokens_per_s": statistics.median(p["tokens_per_s"] for p in peers)}
-            row["peer_ratio"] = statistics.median(k / p["tokens_per_s"] for k, p in zip(rates, peers))
+            row["peer_ratios"] = [k / p["tokens_per_s"] for k, p in zip(rates, peers)]
+            row["peer_ratio"] = statistics.median(row["peer_ratios"])
         results.append(row)
     return results
 
@@ -193,8 +195,14 @@ def add_references(results: list[dict], model: str, gbps: float) -> None:
 
 
 def _peer_text(row: dict) -> str:
+    """the peer's rate and the median ratio, with the rounds' lowest and highest ratios where there
+    are several (this host's noise moves a round's ratio by ~10%)"""
     peer = row.get("peer")
-    return f"{peer['tokens_per_s']:.2f} ({row['peer_ratio']:.2f}x)" if peer else "-"
+    if not peer:
+        return "-"
+    ratios = row["peer_ratios"]
+    spread = f" {min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else ""
+    return f"{peer['tokens_per_s']:.2f} ({row['peer_ratio']:.2f}x{spread})"
 
 
 def _reference_text(ref: dict | None) -> str:
