@@ -220,10 +220,6 @@ def test_large_decode_and_prefill_shapes(ops):
         assert rel_err(ops.linear(x, w), _acts_reference(x), w.dequantize()) < QUANT_EXACT_BOUND
 
 
-def _weight():
-    return QMatrix(Format.F32, 4, 8, torch.randn(4, 8))
-
-
 @pytest.mark.parametrize("acts", ["int8", "f32"])
 @pytest.mark.parametrize("row8", [False, True], ids=["rows", "row8"])
 def test_long_prefill_splits_rows_into_short_tasks(ops, acts, row8):
@@ -235,6 +231,10 @@ def test_long_prefill_splits_rows_into_short_tasks(ops, acts, row8):
     x = _randn(512, 2048, seed=8)
     ref = _acts_reference(x) if acts == "int8" else x
     assert rel_err(ops.linear(x, w, acts=acts), ref, w.dequantize()) < QUANT_EXACT_BOUND
+
+
+def _weight():
+    return QMatrix(Format.F32, 4, 8, torch.randn(4, 8))
 
 
 @pytest.mark.parametrize("x", [
